@@ -1,0 +1,422 @@
+"""Continuous-batching DSpark engine: the three verify modes on the emulator model.
+
+Per DP rank: waiting requests are admitted by a prefill batch (which advances
+``forward_ct`` like SGLang's scheduler, and yields each request's first token),
+then every running request takes part in each decode step.  A decode step
+drafts a block per request, plans the budget from survivals ``lag_steps``
+decode steps old and the windows from the current ones (``dspark_obs.scheduler``),
+verifies per mode, commits, and hands the step to the rank's ``InfoDumper``.
+
+Time is virtual by default: each step advances a per-rank clock by the true
+cost model's step time, so a long run takes seconds of wall time.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import numpy as np
+
+from dspark_obs import costtable as ct
+from dspark_obs.emulator import model
+from dspark_obs.emulator.dumper import ALL_COMPONENTS, InfoDumper
+from dspark_obs.emulator.workloads import profile_for
+from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
+
+MODES = ("static", "compact", "cap-accept")
+# Over-confident deeper in the block, as raw DSpark heads are (ECE of a few %).
+DEFAULT_HEAD_TEMPERATURE = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.7, 0.7)
+
+
+def default_capture_tiers(max_tokens: int) -> list[int]:
+    """CUDA-graph token tiers a ragged compact verify rounds up to."""
+    tiers = list(range(8, 65, 8)) + list(range(96, 513, 32)) + list(range(576, max(max_tokens, 576) + 64, 64))
+    return tiers
+
+
+@dataclass
+class EngineConfig:
+    mode: str = "compact"
+    gamma: int = 6
+    seed: int = 0
+    dp_size: int = 1
+    max_running_requests: int = 256
+    max_records: int = 200_000
+    lag_steps: int = 2
+    components: frozenset[str] = ALL_COMPONENTS
+    # The table the scheduler plans with (SGLang: --speculative-dspark-sps-table-path);
+    # None = SGLang's uninitialised flat table, which verifies the full window.
+    sps_table: Optional[ct.CostTable] = field(default_factory=ct.default_additive_table)
+    # The hardware's true step-time model, and a context-length term on top of it.
+    true_cost: ct.SpsAdditiveCostTable = field(default_factory=ct.default_additive_table)
+    context_seconds_per_token: float = 2.0e-9
+    step_noise: float = 0.02
+    host_overhead_seconds: float = 0.0004
+    head_temperature: tuple[float, ...] = DEFAULT_HEAD_TEMPERATURE
+    sts_temperatures: Optional[tuple[float, ...]] = None
+    expose_truth: bool = True
+    real_time: float = 0.0  # 0 = virtual clock; 1 = sleep each step's time
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(MODES)} "
+                             "(SGLANG_RAGGED_VERIFY_MODE)")
+        if self.gamma < 1 or self.dp_size < 1:
+            raise ValueError(f"gamma and dp_size must be >= 1, got {self.gamma}, {self.dp_size}")
+        if len(self.head_temperature) < self.gamma:
+            self.head_temperature = tuple(self.head_temperature) + (self.head_temperature[-1],) * (
+                self.gamma - len(self.head_temperature))
+
+
+@dataclass
+class GenerateRequest:
+    rid: str
+    text: Optional[str] = None
+    input_ids: Optional[list[int]] = None
+    temperature: float = 1.0
+    max_new_tokens: int = 128
+    sampling_seed: Optional[int] = None
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+
+
+@dataclass
+class _Running:
+    req: GenerateRequest
+    input_ids: list[int]
+    track: model.TargetTrack
+    draft_rng: np.random.Generator
+    end: int  # output length at which the request finishes
+    finish_reason: dict[str, Any]
+    pool_index: int
+    submitted_clock: float
+    future: concurrent.futures.Future
+    output: list[int] = field(default_factory=list)
+    verify_ct: int = 0
+    correct_drafts: int = 0
+    correct_hist: list[int] = field(default_factory=list)
+    cap_tokens: int = 0
+    cap_hist: list[int] = field(default_factory=list)
+    block_accept_tokens: int = 0
+
+
+def tokenize(text: str) -> list[int]:
+    """The emulator's tokenizer: one id per whitespace-separated word."""
+    span = model.VOCAB_SIZE - model.FIRST_WORD_ID
+    return [model.FIRST_WORD_ID + model.stable_hash(w) % span for w in text.split()] or [model.FIRST_WORD_ID]
+
+
+def detokenize(ids: list[int]) -> str:
+    return "".join(f" w{t}" for t in ids if t != model.EOS_TOKEN_ID)
+
+
+def _bump(hist: list[int], i: int) -> None:
+    if len(hist) <= i:
+        hist.extend([0] * (i + 1 - len(hist)))
+    hist[i] += 1
+
+
+class _Rank:
+    """One DP rank: its own queue, batch, forward counter, clock and dumper."""
+
+    def __init__(self, engine: "Engine", index: int) -> None:
+        cfg = engine.cfg
+        self.engine, self.index = engine, index
+        self.clock = 0.0
+        self.forward_ct = 0
+        self.waiting: deque[_Running] = deque()
+        self.running: list[_Running] = []
+        self.free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
+        self.survival_history: deque[dict[str, np.ndarray]] = deque(maxlen=max(cfg.lag_steps, 1))
+        self.dumper = InfoDumper(gamma=cfg.gamma, mode=cfg.mode, components=cfg.components,
+                                 max_records=cfg.max_records, clock=lambda: self.clock)
+        self.noise_rng = np.random.default_rng([cfg.seed, index, 7])
+        self.recent: deque[tuple[int, int, int, int]] = deque(maxlen=512)
+        self.verify_calls = 0
+
+    # -- prefill -----------------------------------------------------------
+    def prefill(self) -> bool:
+        cfg = self.engine.cfg
+        admitted: list[_Running] = []
+        while self.waiting and self.free_slots:
+            r = self.waiting.popleft()
+            r.pool_index = self.free_slots.pop()
+            admitted.append(r)
+        if not admitted:
+            return False
+        self.forward_ct += 1
+        self.dumper.note_non_decode_step()
+        prompt_tokens = sum(len(r.input_ids) for r in admitted)
+        self.clock += cfg.true_cost.bias_seconds + 2.0e-6 * prompt_tokens
+        for r in admitted:
+            r.output.append(int(r.track.realised(np.array([0]))[0]))
+            if len(r.output) >= r.end:
+                self.engine._finish(self, r)
+            else:
+                self.running.append(r)
+        return True
+
+    # -- decode ------------------------------------------------------------
+    def decode(self) -> bool:
+        if not self.running:
+            return False
+        eng, cfg = self.engine, self.engine.cfg
+        gamma, batch = cfg.gamma, self.running
+        bs = len(batch)
+        self.forward_ct += 1
+        head_t = np.asarray(cfg.head_temperature[:gamma], dtype=np.float64)
+        if cfg.sts_temperatures is not None:
+            head_t = head_t * np.asarray(cfg.sts_temperatures[:gamma], dtype=np.float64)
+        blocks = [model.draft_block(r.track, r.draft_rng, first_pos=len(r.output), gamma=gamma,
+                                    head_temperature=head_t, greedy=r.req.temperature <= 0)
+                  for r in batch]
+        # The head's output is quantised to what the record shows, so a replay of
+        # the logged confidences plans exactly what the engine planned.
+        conf = np.round(np.stack([b.confidence for b in blocks]).astype(np.float64), 4).astype(np.float32)
+        surv = survival_from_confidence(conf)
+        sched = ScheduleConfig(gamma=gamma)
+        budget = decision = None
+        if cfg.mode == "static":
+            verify_lens = np.full(bs, gamma + 1, dtype=np.int32)
+        else:
+            lagged = self.survival_history[0] if len(self.survival_history) == cfg.lag_steps else {}
+            hist = np.ones((bs, gamma), dtype=np.float32)
+            for i, r in enumerate(batch):
+                row = lagged.get(r.req.rid)
+                if row is not None:
+                    hist[i] = row
+            table = cfg.sps_table or ct.uninitialized_table(max_batch_tokens=cfg.max_running_requests * (gamma + 1))
+            decision = verify_token_budget(hist, table, sched)
+            budget = decision.budget
+            verify_lens = verify_lens_topk(surv, budget, sched)
+        self.survival_history.append({r.req.rid: surv[i] for i, r in enumerate(batch)})
+
+        total_verify = int(verify_lens.sum())
+        if cfg.mode == "compact":
+            tiers = eng.capture_tiers
+            num_verify_tokens = next((t for t in tiers if t >= total_verify), total_verify)
+            run_tokens = num_verify_tokens
+        elif cfg.mode == "cap-accept":
+            num_verify_tokens, run_tokens = total_verify, bs * (gamma + 1)
+        else:
+            num_verify_tokens = run_tokens = bs * (gamma + 1)
+
+        prefix_total = 0
+        reqs: list[dict[str, Any]] = []
+        finished: list[_Running] = []
+        for i, (r, b) in enumerate(zip(batch, blocks)):
+            n = len(r.output)
+            prefix_len = len(r.input_ids) + n - 1
+            prefix_total += prefix_len
+            window = int(verify_lens[i]) - 1
+            correct = min(b.block_accept, window)
+            cap_trim = b.block_accept - correct if cfg.mode == "cap-accept" else 0
+            committed = r.track.realised(np.arange(n, n + correct + 1))
+            bonus = int(committed[-1])
+            detail: dict[str, Any] = {
+                "req_pool_index": r.pool_index, "prefix_len": prefix_len,
+                "verify_len": window + 1, "acc_len": correct + 1,
+                "correct_drafts": correct, "cap_trim": cap_trim, "bonus_token": bonus,
+                "draft_tokens": b.draft_tokens.tolist(), "rid": r.req.rid,
+            }
+            if cfg.mode != "static":
+                detail["confidence"] = [round(float(c), 4) for c in conf[i]]
+                detail["survival"] = [round(float(s), 4) for s in surv[i]]
+            if cfg.expose_truth:
+                detail["emu_block_accept"] = b.block_accept
+                detail["emu_expected_block_accept"] = round(b.expected_block_accept, 6)
+            reqs.append(detail)
+            r.verify_ct += 1
+            r.correct_drafts += correct
+            _bump(r.correct_hist, correct)
+            if cfg.mode != "static":
+                r.cap_tokens += window + 1
+                _bump(r.cap_hist, window + 1)
+            if cfg.mode == "cap-accept":
+                r.block_accept_tokens += correct + 1 + cap_trim
+            r.output.extend(int(t) for t in committed[: max(0, r.end - n)])
+            self.recent.append((correct + 1, correct, window + 1, correct + 1 + cap_trim))
+            if len(r.output) >= r.end:
+                finished.append(r)
+        self.verify_calls += bs
+
+        tc = cfg.true_cost
+        true_s = float(tc.step_seconds(num_reqs=bs, budget=run_tokens - bs)) + cfg.context_seconds_per_token * prefix_total
+        step_s = true_s * float(np.exp(self.noise_rng.normal(0.0, cfg.step_noise)))
+        draft_s = tc.bias_seconds * 0.25 + 2.0e-5 * bs
+        self.clock += step_s + cfg.host_overhead_seconds
+        step = {
+            "forward_ct": self.forward_ct, "bs": bs, "mode": cfg.mode, "budget": budget,
+            "lag_steps": None if cfg.mode == "static" else cfg.lag_steps,
+            "num_running_reqs": bs, "num_verify_tokens": num_verify_tokens,
+            "verify_tokens_local": -1 if budget is None else min(bs + budget, bs * (gamma + 1)),
+            "verify_tokens_dp_synced": -1, "verify_tokens_graph_key": num_verify_tokens,
+            "predicted_step_ms": None if decision is None or decision.predicted_step_seconds is None
+            else decision.predicted_step_seconds * 1e3,
+            "predicted_theta": None if decision is None else decision.predicted_theta,
+            "step_gpu_ms": round(step_s * 1e3, 4), "draft_gpu_ms": round(draft_s * 1e3, 4),
+            "target_verify_gpu_ms": round(max(step_s - draft_s, 0.0) * 1e3, 4), "reqs": reqs,
+        }
+        self.dumper.observe_decode_step(step)
+        for r in finished:
+            self.running.remove(r)
+            eng._finish(self, r)
+        if cfg.real_time > 0:
+            time.sleep(step_s * cfg.real_time)
+        return True
+
+
+class Engine:
+    """All DP ranks, a submission queue, and a stepping thread."""
+
+    def __init__(self, cfg: EngineConfig) -> None:
+        self.cfg = cfg
+        self.capture_tiers = default_capture_tiers(cfg.max_running_requests * (cfg.gamma + 1))
+        self.ranks = [_Rank(self, i) for i in range(cfg.dp_size)]
+        self.lock = threading.RLock()
+        self._wake = threading.Condition(self.lock)
+        self._thread: Optional[threading.Thread] = None
+        self._stop = False
+        self._submitted = 0
+        self.requests_finished = 0
+
+    # -- submission ----------------------------------------------------------
+    def submit(self, req: GenerateRequest) -> concurrent.futures.Future:
+        if req.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {req.max_new_tokens}")
+        if req.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {req.temperature}")
+        input_ids = list(req.input_ids) if req.input_ids else tokenize(req.text or "")
+        prof = profile_for(req.text, req.rid)
+        prompt_key = model.stable_hash(*input_ids)
+        sample_key = req.sampling_seed if req.sampling_seed is not None else model.stable_hash(req.rid)
+        seed = self.cfg.seed
+        natural = model.natural_length(np.random.default_rng([seed, prompt_key, 0]), prof)
+        track = model.TargetTrack(seed=seed, prompt_key=prompt_key, sample_key=sample_key, profile=prof,
+                                  temperature=req.temperature, natural_len=natural)
+        end = min(natural, req.max_new_tokens)
+        reason = ({"type": "stop", "matched": model.EOS_TOKEN_ID} if natural <= req.max_new_tokens
+                  else {"type": "length", "length": req.max_new_tokens})
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        with self.lock:
+            rank = self.ranks[self._submitted % len(self.ranks)]
+            self._submitted += 1
+            run = _Running(req=req, input_ids=input_ids, track=track,
+                           draft_rng=np.random.default_rng([seed, prompt_key, sample_key, 3]),
+                           end=end, finish_reason=reason, pool_index=-1,
+                           submitted_clock=rank.clock, future=fut)
+            rank.waiting.append(run)
+            self._wake.notify()
+        return fut
+
+    def _finish(self, rank: _Rank, r: _Running) -> None:
+        rank.free_slots.append(r.pool_index)
+        self.requests_finished += 1
+        r.future.set_result(self._result(rank, r))
+
+    def _result(self, rank: _Rank, r: _Running) -> dict[str, Any]:
+        out = r.output[: r.end]
+        completion = len(out)
+        meta: dict[str, Any] = {
+            "id": r.req.rid, "finish_reason": r.finish_reason,
+            "prompt_tokens": len(r.input_ids), "completion_tokens": completion, "cached_tokens": 0,
+            "e2e_latency": round(rank.clock - r.submitted_clock, 6),
+        }
+        if r.verify_ct > 0:
+            proposed = r.verify_ct * self.cfg.gamma
+            meta.update(spec_accept_rate=r.correct_drafts / proposed,
+                        spec_accept_length=completion / r.verify_ct,
+                        spec_num_correct_drafts=r.correct_drafts, spec_num_proposed_drafts=proposed,
+                        spec_verify_ct=r.verify_ct)
+            if r.cap_tokens > 0:
+                meta["spec_cap_length"] = r.cap_tokens / r.verify_ct
+            if self.cfg.mode == "cap-accept":
+                meta["spec_block_accept_length"] = r.block_accept_tokens / r.verify_ct
+            if r.correct_hist:
+                meta["spec_correct_drafts_histogram"] = r.correct_hist
+            if r.cap_hist:
+                meta["spec_cap_lens_histogram"] = r.cap_hist
+        if r.req.return_logprob:
+            pos = np.arange(completion)
+            lps = r.track.logprob_of_realised(pos) if completion else np.zeros(0)
+            meta["output_token_logprobs"] = [[float(lp), int(t), None] for lp, t in zip(lps, out)]
+            if r.req.top_logprobs_num > 0:
+                tops = []
+                for p in range(completion):
+                    ids, lp = r.track.top(p, r.req.top_logprobs_num)
+                    tops.append([[float(v), int(i), None] for v, i in zip(lp, ids)])
+                meta["output_top_logprobs"] = tops
+        return {"text": detokenize(out), "output_ids": out, "meta_info": meta}
+
+    # -- stepping -----------------------------------------------------------
+    def step(self) -> bool:
+        """One prefill or decode forward on every rank with work; False when idle."""
+        did = False
+        with self.lock:
+            for rank in self.ranks:
+                if rank.waiting and rank.free_slots:
+                    did |= rank.prefill()
+                else:
+                    did |= rank.decode()
+        return did
+
+    def run_until_idle(self) -> None:
+        while self.step():
+            pass
+
+    def start(self) -> None:
+        self._stop = False
+        self._thread = threading.Thread(target=self._loop, name="dspark-emulator-engine", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self.lock:
+            self._stop = True
+            self._wake.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop:
+            if not self.step():
+                with self.lock:
+                    if not self._stop and not any(r.waiting or r.running for r in self.ranks):
+                        self._wake.wait(timeout=0.5)
+            else:
+                time.sleep(0)  # let request handlers in between steps
+
+    # -- introspection --------------------------------------------------------
+    def dump(self) -> list[Optional[dict]]:
+        with self.lock:
+            return [rank.dumper.dump() for rank in self.ranks]
+
+    def clear_records(self) -> None:
+        with self.lock:
+            for rank in self.ranks:
+                rank.dumper.clear()
+
+    def spec_gauges(self) -> dict[str, float]:
+        """Recent-window averages named like SGLang's ``sglang:spec_*`` gauges."""
+        with self.lock:
+            recent = [x for rank in self.ranks for x in rank.recent]
+            calls = sum(rank.verify_calls for rank in self.ranks)
+        if not recent:
+            return {"spec_verify_calls_total": float(calls)}
+        arr = np.asarray(recent, dtype=np.float64)
+        gauges = {
+            "spec_accept_length": float(arr[:, 0].mean()),
+            "spec_accept_rate": float(arr[:, 1].mean() / self.cfg.gamma),
+            "spec_num_steps": float(len(recent)),
+            "spec_num_draft_tokens": float(self.cfg.gamma + 1),
+            "spec_verify_calls_total": float(calls),
+        }
+        if self.cfg.mode != "static":
+            gauges["spec_cap_length"] = float(arr[:, 2].mean())
+        if self.cfg.mode == "cap-accept":
+            gauges["spec_block_accept_length"] = float(arr[:, 3].mean())
+        return gauges

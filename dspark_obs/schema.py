@@ -1,0 +1,162 @@
+"""Every Arrow schema of the store, once.
+
+Each table is hive-partitioned by ``run_id`` (``<root>/<table>/run_id=<id>/``),
+so ``run_id`` is a partition column and is not repeated inside the files.
+SGLang omits record fields equal to their default; the store writes what the
+server meant: ``-1`` for absent integer counters (SGLang's own default) and
+null for absent optional values.  Columns documented here appear in the README.
+
+Bump ``SCHEMA_VERSION`` when a column changes meaning or type; it is written
+into every file's metadata (``dspark_obs.schema_version``).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+SCHEMA_VERSION = "1"
+METADATA_KEY = b"dspark_obs.schema_version"
+
+_i16, _i32, _i64 = pa.int16(), pa.int32(), pa.int64()
+_f32, _f64, _str = pa.float32(), pa.float64(), pa.string()
+_ts = pa.timestamp("us", tz="UTC")
+
+
+def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable, metadata={b"doc": doc.encode()})
+
+
+RUNS = pa.schema([
+    _f("started_at", _ts, "when collection started (UTC)", False),
+    _f("ended_at", _ts, "when collection ended; null while running"),
+    _f("source", _str, "emulator | sglang | import", False),
+    _f("server_url", _str, "base URL of the server; null for imports"),
+    _f("mode", _str, "static | compact | cap-accept (SGLANG_RAGGED_VERIFY_MODE)"),
+    _f("gamma", _i32, "draft block size (drafts per step)"),
+    _f("dp_size", _i32, "number of DP ranks (payloads per /server_info)"),
+    _f("labels", pa.map_(_str, _str), "free-form key/value labels (workloads, seed, ...)"),
+    _f("companion_of", _str, "run_id of the compact run this cap-accept run replays"),
+    _f("seed", _i64, "emulator or driver seed, when known"),
+    _f("server_version", _str, "server's reported version"),
+    _f("startup_time", _f64, "server startup_time from /server_info (changes on restart)"),
+    _f("server_info", _str, "the first /server_info body without the record payloads, JSON"),
+    _f("end_reason", _str, "why collection ended: completed | interrupted | error: ..."),
+])
+
+STEPS = pa.schema([
+    _f("dp_rank", _i16, "DP rank whose payload held the record", False),
+    _f("forward_ct", _i64, "scheduler forward counter (prefill batches advance it too)", False),
+    _f("segment", _i32, "server lifetime segment; increments after a detected restart", False),
+    _f("bs", _i32, "decode batch size; -1 when absent (core component off)", False),
+    _f("num_running_reqs", _i32, "running requests; -1 when absent", False),
+    _f("mode", _str, "verify mode of the step; '' when absent", False),
+    _f("budget", _i32, "verify-token budget k* above one per request; null in static"),
+    _f("lag_steps", _i32, "survival relay lag used for the budget; null in static"),
+    _f("num_verify_tokens", _i32, "graph tier (compact), sum of verify_len (cap-accept), bs*(gamma+1) (static); -1 absent", False),
+    _f("verify_tokens_local", _i32, "rank-local verify tier; -1 absent", False),
+    _f("verify_tokens_dp_synced", _i32, "DP-synced verify tier; -1 absent", False),
+    _f("verify_tokens_graph_key", _i32, "CUDA-graph key tokens; -1 absent", False),
+    _f("predicted_step_ms", _f64, "cost model's predicted step time for k*"),
+    _f("predicted_theta", _f64, "tau*(k*)/T at k*: predicted tokens per second"),
+    _f("step_cpu_ms", _f64, "host time since the previous decode step; null after a clear, a prefill or a >1 s gap"),
+    _f("step_gpu_ms", _f64, "device time of the whole step"),
+    _f("draft_gpu_ms", _f64, "device time of drafting"),
+    _f("target_verify_gpu_ms", _f64, "device time of the target verify"),
+])
+
+STEP_REQS = pa.schema([
+    _f("dp_rank", _i16, "DP rank", False),
+    _f("forward_ct", _i64, "step key, joins steps", False),
+    _f("segment", _i32, "server lifetime segment", False),
+    _f("rid", _str, "request id; null if the server did not report it"),
+    _f("req_pool_index", _i32, "request slot on the server", False),
+    _f("prefix_len", _i32, "sequence length (prompt + committed output) before this step", False),
+    _f("verify_len", _i16, "verified slots including the anchor: window = verify_len - 1", False),
+    _f("acc_len", _i16, "committed tokens this step: correct_drafts + 1", False),
+    _f("correct_drafts", _i16, "accepted drafts within the window", False),
+    _f("cap_trim", _i16, "cap-accept only: accepted drafts beyond the window (else 0)", False),
+    _f("bonus_token", _i32, "the target's token after the accepted drafts", False),
+    _f("draft_tokens", pa.list_(_i32), "the gamma drafted token ids", False),
+    _f("confidence", pa.list_(_f32), "conditional acceptance c_k per position (after STS); null if not sent"),
+    _f("survival", pa.list_(_f32), "S_k = c_1...c_k per position; null if not sent"),
+    _f("emu_block_accept", _i16, "emulator only: drafts a full-block verify would accept (truth)"),
+    _f("emu_expected_block_accept", _f32, "emulator only: expected full-block acceptance given the drafts"),
+])
+
+REQUESTS = pa.schema([
+    _f("rid", _str, "request id", False),
+    _f("workload", _str, "workload name (from the rid pattern or a map)"),
+    _f("api", _str, "generate | completions | chat | log"),
+    _f("prompt_tokens", _i32, "prompt length in tokens"),
+    _f("completion_tokens", _i32, "output length in tokens"),
+    _f("cached_tokens", _i32, "prompt tokens served from cache"),
+    _f("finish_reason", _str, "stop | length | abort"),
+    _f("temperature", _f32, "sampling temperature; 0 = greedy"),
+    _f("max_new_tokens", _i32, "requested output limit"),
+    _f("sampling_seed", _i64, "per-request sampling seed sent by the driver"),
+    _f("e2e_latency_s", _f64, "server-reported end-to-end latency"),
+    _f("submitted_at", _ts, "when the driver sent the request"),
+    _f("finished_at", _ts, "when the final chunk arrived"),
+    _f("concurrency", _i32, "driver concurrency for this request"),
+    _f("input_ids", pa.list_(_i32), "prompt token ids, when known (for companion replays)"),
+    _f("prompt_text", _str, "prompt text; null with --redact-text"),
+    _f("output_text", _str, "output text; null with --redact-text"),
+    _f("spec_verify_ct", _i32, "decode verify steps of this request"),
+    _f("spec_accept_length", _f64, "completion_tokens / spec_verify_ct"),
+    _f("spec_accept_rate", _f64, "correct drafts / proposed drafts"),
+    _f("spec_num_correct_drafts", _i64, "accepted drafts in total"),
+    _f("spec_num_proposed_drafts", _i64, "spec_verify_ct * gamma"),
+    _f("spec_correct_drafts_histogram", pa.list_(_i64), "steps by correct_drafts"),
+    _f("spec_cap_length", _f64, "mean verify_len (compact/cap-accept)"),
+    _f("spec_cap_lens_histogram", pa.list_(_i64), "steps by verify_len"),
+    _f("spec_block_accept_length", _f64, "cap-accept only: mean full-block acc_len"),
+])
+
+TOKENS = pa.schema([
+    _f("rid", _str, "request id", False),
+    _f("pos", _i32, "0-based index in the output (0 = the prefill token)", False),
+    _f("token_id", _i32, "committed token", False),
+    _f("logprob", _f32, "target logprob of the committed token"),
+    _f("top_ids", pa.list_(_i32), "top-k token ids at this position"),
+    _f("top_logprobs", pa.list_(_f32), "their target logprobs"),
+])
+
+GAPS = pa.schema([
+    _f("dp_rank", _i16, "DP rank", False),
+    _f("first_missing_forward_ct", _i64, "first forward_ct possibly lost", False),
+    _f("last_missing_forward_ct", _i64, "last forward_ct possibly lost", False),
+    _f("reason", _str, "deque_wrap | clear | server_restart | write_backlog | poll_error", False),
+    _f("segment", _i32, "segment after the gap", False),
+    _f("detected_at", _ts, "when the collector noticed", False),
+])
+
+DEAD_LETTERS = pa.schema([
+    _f("received_at", _ts, "when the payload arrived", False),
+    _f("source", _str, "which endpoint or file", False),
+    _f("reason", _str, "why it was rejected", False),
+    _f("payload", _str, "the raw payload (truncated to 64 KiB)"),
+])
+
+TABLES: dict[str, pa.Schema] = {
+    "runs": RUNS,
+    "steps": STEPS,
+    "step_reqs": STEP_REQS,
+    "requests": REQUESTS,
+    "tokens": TOKENS,
+    "gaps": GAPS,
+    "dead_letters": DEAD_LETTERS,
+}
+
+
+def schema_for(table: str) -> pa.Schema:
+    """The file schema of ``table`` with the version stamped in its metadata."""
+    try:
+        schema = TABLES[table]
+    except KeyError:
+        raise KeyError(f"unknown table {table!r}; known: {', '.join(sorted(TABLES))}") from None
+    return schema.with_metadata({METADATA_KEY: SCHEMA_VERSION.encode()})
+
+
+def register(name: str, schema: pa.Schema) -> None:
+    """Add a table (estimators write their results through this)."""
+    TABLES[name] = schema
