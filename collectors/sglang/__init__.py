@@ -1,0 +1,1 @@
+"""The SGLang sidecar: poll ``/server_info``, drive traffic, write Parquet."""

@@ -1,0 +1,91 @@
+"""High-water marks over ``forward_ct``: what is new, and what was lost.
+
+A pure state machine, fed one decoded ``/server_info`` at a time.  Each DP rank
+keeps the last ``forward_ct`` written.  A poll keeps only records above it.
+When the deque no longer holds the mark, records between the mark and the
+oldest survivor are reported lost: to our own clear (``clear``) or to the
+server's bounded deque wrapping before we polled (``deque_wrap``).  A new
+``startup_time`` or a ``forward_ct`` going backwards is a restart: a new
+segment begins, and the unread tail of the old one is reported
+(``server_restart``, ``last_missing_forward_ct = -1``: its length is unknown).
+Ranges are upper bounds: prefill batches also advance ``forward_ct``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from collectors.sglang.decode import ServerInfoPayload, _Record
+
+
+@dataclass
+class Gap:
+    dp_rank: int
+    first_missing_forward_ct: int
+    last_missing_forward_ct: int
+    reason: str
+    segment: int
+
+
+@dataclass
+class RankCursor:
+    high_water: int = 0
+    cleared: bool = False  # we cleared since the last records were read
+
+
+@dataclass
+class PollDelta:
+    """New records per rank (oldest first) and the gaps noticed by this poll."""
+
+    new: dict[int, list[_Record]] = field(default_factory=dict)
+    gaps: list[Gap] = field(default_factory=list)
+    restarted: bool = False
+
+
+class ForwardCursor:
+    def __init__(self) -> None:
+        self.segment = 0
+        self.startup_time: Optional[float] = None
+        self.ranks: dict[int, RankCursor] = {}
+
+    def note_cleared(self) -> None:
+        """Call after a successful clear request."""
+        for cursor in self.ranks.values():
+            cursor.cleared = True
+
+    def advance(self, info: ServerInfoPayload) -> PollDelta:
+        delta = PollDelta()
+        restarted = (
+            self.startup_time is not None and info.startup_time is not None
+            and info.startup_time != self.startup_time
+        )
+        if not restarted:
+            for rank in info.ranks:
+                cur = self.ranks.get(rank.dp_rank)
+                if cur and rank.records and rank.records[-1].forward_ct < cur.high_water:
+                    restarted = True
+        if restarted:
+            self.segment += 1
+            for dp_rank, cur in sorted(self.ranks.items()):
+                delta.gaps.append(Gap(dp_rank, cur.high_water + 1, -1, "server_restart", self.segment))
+            self.ranks = {}
+            delta.restarted = True
+        if info.startup_time is not None:
+            self.startup_time = info.startup_time
+
+        for rank in info.ranks:
+            cur = self.ranks.setdefault(rank.dp_rank, RankCursor())
+            records = rank.records
+            if not records:
+                continue
+            oldest = records[0].forward_ct
+            if cur.high_water > 0 and oldest > cur.high_water + 1:
+                reason = "clear" if cur.cleared else "deque_wrap"
+                delta.gaps.append(Gap(rank.dp_rank, cur.high_water + 1, oldest - 1, reason, self.segment))
+            fresh = [r for r in records if r.forward_ct > cur.high_water]
+            if fresh:
+                delta.new[rank.dp_rank] = fresh
+                cur.high_water = fresh[-1].forward_ct
+                cur.cleared = False
+        return delta

@@ -1,0 +1,169 @@
+"""Drive traffic at a server and turn each finished request into rows.
+
+Closed-loop load: ``concurrency`` requests in flight, each ``POST /generate``
+with logprobs (top-5 by default) so that the target's view of every committed
+token is stored.  Request ``i`` belongs to workload ``workloads[i % n]`` and
+gets the rid ``<workload>-<i:06d>`` and an explicit ``sampling_seed``, so the
+same request can later be replayed token for token (companion runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import httpx
+import numpy as np
+import pyarrow as pa
+
+from dspark_obs import schema
+from dspark_obs.emulator.workloads import PROFILES
+
+_WORDS = ("the", "a", "of", "to", "and", "in", "is", "it", "that", "for", "on", "with", "as", "was",
+          "by", "number", "sum", "line", "verse", "answer", "explain", "write", "why", "how", "step")
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    index: int
+    rid: str
+    workload: str
+    text: str
+    temperature: float
+    max_new_tokens: int
+    sampling_seed: int
+
+
+@dataclass
+class DriveSpec:
+    workloads: list[str]
+    requests: int
+    concurrency: int = 32
+    temperature: float = 0.0
+    max_new_tokens: int = 256
+    top_logprobs: int = 5
+    seed: int = 0
+    redact_text: bool = False
+
+
+def plan_requests(spec: DriveSpec) -> list[PlannedRequest]:
+    """Deterministic prompts: the workload tag first, then filler words."""
+    if not spec.workloads:
+        raise ValueError("at least one workload is needed, e.g. --workload gsm8k,arena-hard,poetry")
+    rng = np.random.default_rng([spec.seed, 11])
+    planned = []
+    for i in range(spec.requests):
+        workload = spec.workloads[i % len(spec.workloads)]
+        lo, hi = PROFILES[workload].prompt_len_range if workload in PROFILES else (64, 256)
+        n_words = int(rng.integers(lo, hi + 1))
+        words = rng.choice(len(_WORDS), size=n_words)
+        text = f"[{workload}] request {i}: " + " ".join(_WORDS[w] for w in words)
+        planned.append(PlannedRequest(i, f"{workload}-{i:06d}", workload, text, spec.temperature,
+                                      spec.max_new_tokens, int(rng.integers(0, 2**31 - 1))))
+    return planned
+
+
+def generate_body(req: PlannedRequest, *, top_logprobs: int) -> dict[str, Any]:
+    return {
+        "text": req.text,
+        "rid": req.rid,
+        "sampling_params": {"temperature": req.temperature, "max_new_tokens": req.max_new_tokens,
+                            "sampling_seed": req.sampling_seed},
+        "return_logprob": True,
+        "top_logprobs_num": top_logprobs,
+        "logprob_start_len": -1,
+        "stream": False,
+    }
+
+
+def _hist(value: Any) -> Optional[list[int]]:
+    return [int(v) for v in value] if isinstance(value, list) else None
+
+
+def response_rows(req: PlannedRequest, body: dict[str, Any], *, concurrency: int,
+                  submitted_at: dt.datetime, finished_at: dt.datetime,
+                  redact_text: bool) -> tuple[dict[str, Any], pa.Table]:
+    """One ``requests`` row and the ``tokens`` rows of a finished ``/generate``."""
+    meta = body.get("meta_info") or {}
+    fr = meta.get("finish_reason")
+    row: dict[str, Any] = {
+        "rid": req.rid, "workload": req.workload, "api": "generate",
+        "prompt_tokens": meta.get("prompt_tokens"), "completion_tokens": meta.get("completion_tokens"),
+        "cached_tokens": meta.get("cached_tokens"),
+        "finish_reason": fr.get("type") if isinstance(fr, dict) else fr,
+        "temperature": req.temperature, "max_new_tokens": req.max_new_tokens,
+        "sampling_seed": req.sampling_seed, "e2e_latency_s": meta.get("e2e_latency"),
+        "submitted_at": submitted_at, "finished_at": finished_at, "concurrency": concurrency,
+        "prompt_text": None if redact_text else req.text,
+        "output_text": None if redact_text else body.get("text"),
+    }
+    for name in ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
+                 "spec_num_proposed_drafts", "spec_cap_length", "spec_block_accept_length"):
+        row[name] = meta.get(name)
+    row["spec_correct_drafts_histogram"] = _hist(meta.get("spec_correct_drafts_histogram"))
+    row["spec_cap_lens_histogram"] = _hist(meta.get("spec_cap_lens_histogram"))
+
+    lps = meta.get("output_token_logprobs") or []
+    tops = meta.get("output_top_logprobs") or []
+    ids = body.get("output_ids")
+    n = len(lps) if lps else (len(ids) if ids else 0)
+    top_ids, top_lps = [], []
+    for p in range(n):
+        entry = tops[p] if p < len(tops) and tops[p] else None
+        top_ids.append([int(e[1]) for e in entry] if entry else None)
+        top_lps.append([float(e[0]) for e in entry] if entry else None)
+    tokens = pa.Table.from_pydict({
+        "rid": [req.rid] * n,
+        "pos": list(range(n)),
+        "token_id": [int(e[1]) for e in lps] if lps else [int(t) for t in ids[:n]],
+        "logprob": [float(e[0]) if e[0] is not None else None for e in lps] if lps else [None] * n,
+        "top_ids": top_ids,
+        "top_logprobs": top_lps,
+    }, schema=schema.schema_for("tokens"))
+    return row, tokens
+
+
+@dataclass
+class DriveResult:
+    finished: int = 0
+    failed: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+async def drive(client: httpx.AsyncClient, spec: DriveSpec,
+                on_result: Callable[[dict[str, Any], pa.Table], None],
+                on_progress: Callable[[int], None] = lambda n: None,
+                on_error: Callable[[PlannedRequest, str], None] = lambda r, e: None) -> DriveResult:
+    """Send every planned request, ``spec.concurrency`` at a time."""
+    result = DriveResult()
+    queue: asyncio.Queue[PlannedRequest] = asyncio.Queue()
+    for req in plan_requests(spec):
+        queue.put_nowait(req)
+
+    async def worker() -> None:
+        while True:
+            try:
+                req = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                return
+            submitted = dt.datetime.now(dt.timezone.utc)
+            try:
+                resp = await client.post("/generate", json=generate_body(req, top_logprobs=spec.top_logprobs))
+                resp.raise_for_status()
+                body = resp.json()
+                row, tokens = response_rows(req, body, concurrency=spec.concurrency, submitted_at=submitted,
+                                            finished_at=dt.datetime.now(dt.timezone.utc),
+                                            redact_text=spec.redact_text)
+                on_result(row, tokens)
+                result.finished += 1
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
+                result.failed += 1
+                msg = f"{req.rid}: {type(exc).__name__}: {exc}"
+                result.errors.append(msg)
+                on_error(req, msg)
+            on_progress(1)
+
+    await asyncio.gather(*(worker() for _ in range(max(1, spec.concurrency))))
+    return result

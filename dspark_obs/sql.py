@@ -1,0 +1,347 @@
+"""DuckDB over the Parquet store: one view per table, canned queries, formatting.
+
+:func:`connect` opens an in-memory DuckDB whose views read the store's part
+files at query time, so it can stay open while a collector writes.  Every
+query goes through :func:`query`, which applies the row limit and the time
+limit in one place.  Canned queries live beside this module as one ``.sql``
+file each, with a header naming their parameters and output columns.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import decimal
+import io
+import json
+import math
+import re
+import threading
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import pyarrow as pa
+
+from dspark_obs import schema
+from dspark_obs.store import PART_GLOB
+
+__all__ = [
+    "QueryTimeout", "connect", "refresh", "canned_queries", "query", "format_result", "quote_ident",
+]
+
+SQL_DIR = Path(__file__).with_name("sql")
+_ROOT_VAR = "dspark_obs_root"
+_FILLED_VAR = "dspark_obs_filled"  # tables whose view reads files (the rest are empty views)
+_READ_ONLY_VAR = "dspark_obs_read_only"
+_READ_ONLY_TYPES = {"SELECT", "EXPLAIN", "PRAGMA"}
+_PARAM_DEFAULT = re.compile(r"^--\s+\$(\w+)\b.*?\bdefault\s+(NULL|-?\d+(?:\.\d+)?|'[^']*')", re.I)
+
+
+class QueryTimeout(RuntimeError):
+    """A query ran longer than its time limit and was interrupted."""
+
+
+def quote_ident(name: str) -> str:
+    """Quote an SQL identifier for DuckDB (the only place identifiers are quoted)."""
+    return '"' + str(name).replace('"', '""') + '"'
+
+
+def _quote_literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+# -- connection and views ----------------------------------------------------
+
+def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB with one view per store table, plus ``step_reqs_w``.
+
+    Views glob ``<root>/<table>/*/part-*.parquet`` when queried, so files
+    committed later are seen; a table without files is an empty view with the
+    schema's columns (and ``run_id``) until :func:`refresh` finds files —
+    :func:`query` refreshes before each query.  ``step_reqs_w`` is
+    ``step_reqs`` with the request's ``workload`` and ``temperature`` and
+    ``"window" = verify_len - 1``.
+
+    ``read_only=True`` limits file access to ``root`` and locks the
+    configuration; :func:`query` then accepts only SELECT, EXPLAIN and PRAGMA.
+    """
+    root = Path(root).resolve()
+    if any(ch in str(root) for ch in "*?[]{}'"):
+        raise ValueError(f"data root {str(root)!r} contains a glob or quote character; "
+                         "move the store to a plain path")
+    con = duckdb.connect(":memory:")
+    con.execute("SET TimeZone = 'UTC'")  # the store is UTC; show it so on every machine
+    con.execute(f"SET VARIABLE {_ROOT_VAR} = {_quote_literal(str(root))}")
+    con.execute(f"SET VARIABLE {_FILLED_VAR} = []::VARCHAR[]")
+    con.execute(f"SET VARIABLE {_READ_ONLY_VAR} = {str(read_only).lower()}")
+    refresh(con)
+    if read_only:
+        con.execute(f"SET allowed_directories = [{_quote_literal(str(root) + '/')}]")
+        con.execute("SET enable_external_access = false")
+        con.execute("SET lock_configuration = true")
+    return con
+
+
+def refresh(con: duckdb.DuckDBPyConnection) -> None:
+    """Re-point views whose table gained its first file or lost its last one.
+
+    Cheap when nothing changed (one directory probe per table); a no-op on a
+    connection not made by :func:`connect`.
+    """
+    root = _variable(con, _ROOT_VAR)
+    if root is None:
+        return
+    root = Path(root)
+    filled = set(_variable(con, _FILLED_VAR) or [])
+    views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    now_filled = {t for t in schema.TABLES if next(root.glob(f"{t}/*/{PART_GLOB}"), None) is not None}
+    changed = [t for t in schema.TABLES if (t in now_filled) != (t in filled) or t not in views]
+    for table in changed:
+        con.execute(_view_sql(con, root, table, table in now_filled))
+    if changed or "step_reqs_w" not in views:
+        con.execute(_STEP_REQS_W)
+    if now_filled != filled:
+        names = ", ".join(_quote_literal(t) for t in sorted(now_filled))
+        con.execute(f"SET VARIABLE {_FILLED_VAR} = [{names}]::VARCHAR[]")
+
+
+_STEP_REQS_W = """
+CREATE OR REPLACE VIEW step_reqs_w AS
+SELECT s.*, q.workload, q.temperature, s.verify_len - 1 AS "window"
+FROM step_reqs AS s
+LEFT JOIN (
+    SELECT run_id, rid, any_value(workload) AS workload, any_value(temperature) AS temperature
+    FROM requests GROUP BY run_id, rid
+) AS q ON s.run_id = q.run_id AND s.rid = q.rid
+"""
+
+
+def _variable(con: duckdb.DuckDBPyConnection, name: str) -> Any:
+    return con.execute(f"SELECT getvariable({_quote_literal(name)})").fetchall()[0][0]
+
+
+def _view_sql(con: duckdb.DuckDBPyConnection, root: Path, table: str, has_files: bool) -> str:
+    """The view of ``table``: schema columns in order, then ``run_id``.
+
+    The typed empty selection is unioned by name so a column absent from every
+    file (an older file version) still has the schema's type; with no files it
+    is the whole view.
+    """
+    file_schema = schema.schema_for(table)
+    types = con.from_arrow(file_schema.empty_table()).types
+    empty = ", ".join(f"CAST(NULL AS {t}) AS {quote_ident(f.name)}" for f, t in zip(file_schema, types))
+    empty = f"SELECT {empty}, CAST(NULL AS VARCHAR) AS run_id WHERE false"
+    columns = ", ".join(quote_ident(n) for n in [*file_schema.names, "run_id"])
+    view = quote_ident(table)
+    if not has_files:
+        return f"CREATE OR REPLACE VIEW {view} AS SELECT {columns} FROM ({empty})"
+    glob = _quote_literal(str(root / table / "*" / PART_GLOB))
+    options = "hive_partitioning = true, union_by_name = true, hive_types = {'run_id': 'VARCHAR'}"
+    source = f"SELECT * FROM read_parquet({glob}, {options})"
+    if table == "runs":  # one row per run: while an upsert is replacing it, keep the newest file
+        source = (f"SELECT * EXCLUDE (filename) FROM read_parquet({glob}, {options}, filename = true) "
+                  "QUALIFY filename = max(filename) OVER (PARTITION BY run_id)")
+    return (f"CREATE OR REPLACE VIEW {view} AS SELECT {columns} "
+            f"FROM ({source} UNION ALL BY NAME {empty})")
+
+
+# -- canned queries ----------------------------------------------------------
+
+def canned_queries() -> dict[str, tuple[str, str]]:
+    """``{name: (description, sql_text)}`` for every ``sql/*.sql`` file.
+
+    The name is the file stem; the description is the first comment line.
+    """
+    out = {}
+    for path in sorted(SQL_DIR.glob("*.sql")):
+        text = path.read_text()
+        first = next((ln for ln in text.splitlines() if ln.startswith("--")), "--")
+        out[path.stem] = (first.lstrip("-").strip(), text)
+    return out
+
+
+def _param_defaults(sql_text: str) -> dict[str, Any]:
+    """Defaults declared in a canned query header: ``--   $name ... default <literal>``."""
+    defaults = {}
+    for line in sql_text.splitlines():
+        m = _PARAM_DEFAULT.match(line)
+        if m:
+            name, lit = m.groups()
+            if lit.upper() == "NULL":
+                defaults[name] = None
+            elif lit.startswith("'"):
+                defaults[name] = lit[1:-1]
+            else:
+                defaults[name] = float(lit) if "." in lit else int(lit)
+    return defaults
+
+
+def query(
+    con: duckdb.DuckDBPyConnection,
+    sql_or_name: str,
+    params: dict[str, Any] | None = None,
+    *,
+    timeout_s: float | None = 30.0,
+    limit: int | None = None,
+) -> pa.Table:
+    """Run one statement (or a canned query by name) and return an Arrow table.
+
+    ``params`` binds ``$name`` parameters; canned queries fill in the defaults
+    of their header.  ``limit`` caps the rows returned; ``timeout_s`` (None =
+    no limit) interrupts the query and raises :class:`QueryTimeout`.
+    """
+    canned = canned_queries()
+    params = dict(params or {})
+    sql_text = sql_or_name
+    is_canned = sql_or_name.strip() in canned
+    if is_canned:
+        sql_text = canned[sql_or_name.strip()][1]
+        params = {**_param_defaults(sql_text), **params}
+    if limit is not None and (not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be a non-negative integer or None, got {limit!r}")
+    refresh(con)
+    statements = con.extract_statements(sql_text)
+    if len(statements) != 1:
+        raise ValueError(f"expected exactly one SQL statement, got {len(statements)}; run them one at a time")
+    statement = statements[0]
+    kind = statement.type.name
+    if _variable(con, _READ_ONLY_VAR) and kind not in _READ_ONLY_TYPES:
+        raise PermissionError(f"read-only connection: {kind} statements are not allowed (only "
+                              f"{', '.join(sorted(_READ_ONLY_TYPES))}); open with connect(root, read_only=False)")
+    if is_canned:  # a default the text no longer uses would be a DuckDB error
+        unknown = set(params) - statement.named_parameters
+        if unknown:
+            raise ValueError(f"unknown parameters {sorted(unknown)} for {sql_or_name.strip()!r}; "
+                             f"it takes {sorted(statement.named_parameters) or 'none'}")
+    result = _run_with_timeout(con, _strip_tail(statement.query), params or None, timeout_s,
+                               limit if kind == "SELECT" else None)
+    if limit is not None and result.num_rows > limit:
+        result = result.slice(0, limit)
+    return result
+
+
+def _strip_tail(text: str) -> str:
+    """Drop trailing comments and the final ``;`` so the statement can be wrapped (LIMIT)."""
+    tokens = duckdb.tokenize(text)
+    while tokens:
+        pos, kind = tokens[-1]
+        if kind == duckdb.token_type.comment or (kind == duckdb.token_type.operator and text[pos] == ";"):
+            text = text[:pos]
+            tokens.pop()
+        else:
+            break
+    return text.rstrip()
+
+
+def _run_with_timeout(con, body: str, params, timeout_s: float | None, limit: int | None) -> pa.Table:
+    """Run ``body``, wrapped in a LIMIT relation if asked, under a timer that interrupts it."""
+    fired = threading.Event()
+
+    def _interrupt() -> None:
+        fired.set()
+        con.interrupt()
+
+    timer = threading.Timer(timeout_s, _interrupt) if timeout_s is not None else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
+    try:
+        rel = con.sql(body, params=params)
+        if rel is None:  # a statement without a result
+            return pa.table({})
+        return (rel.limit(limit) if limit is not None else rel).to_arrow_table()
+    except duckdb.InterruptException as exc:
+        if fired.is_set():
+            raise QueryTimeout(
+                f"query exceeded the time limit of {timeout_s:g} s and was interrupted; "
+                "pass a larger timeout_s (or None for no limit), or narrow it with WHERE/LIMIT"
+            ) from exc
+        raise
+    finally:
+        if timer is not None:
+            timer.cancel()
+            timer.join()
+
+
+# -- formatting ----------------------------------------------------------------
+
+def _readable_float(x: float, digits: int = 6) -> float:
+    """Round to ``digits`` significant digits but never drop integer digits."""
+    if x == 0 or not math.isfinite(x):
+        return x
+    places = digits - 1 - math.floor(math.log10(abs(x)))
+    return round(x, max(places, 0))
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly Python value: readable floats, ISO times, maps as dicts."""
+    if isinstance(value, float):
+        return _readable_float(value) if math.isfinite(value) else None
+    if isinstance(value, decimal.Decimal):
+        return int(value) if value == value.to_integral_value() else _readable_float(float(value))
+    if isinstance(value, (_dt.datetime, _dt.date, _dt.time)):
+        return value.isoformat()
+    if isinstance(value, _dt.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if value and all(isinstance(v, tuple) and len(v) == 2 for v in value):  # an Arrow map
+            return {str(k): _plain(v) for k, v in value}
+        return [_plain(v) for v in value]
+    return value
+
+
+def _cell(value: Any) -> str:
+    """One value as text for csv and table output ('' for null)."""
+    value = _plain(value)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"))
+    return str(value)
+
+
+def format_result(table: pa.Table, fmt: Literal["table", "csv", "json"] = "table") -> str:
+    """Render a query result as an aligned text table, CSV (with header) or JSON.
+
+    JSON is an array of objects, one per line; floats are rounded to six
+    significant digits (integer digits are kept) in every format.
+    """
+    rows = table.to_pylist()
+    names = table.column_names
+    if fmt == "json":
+        lines = [json.dumps({k: _plain(r[k]) for k in names}, allow_nan=False) for r in rows]
+        return "[\n" + ",\n".join(lines) + "\n]" if lines else "[]"
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        writer.writerow(names)
+        writer.writerows([_cell(r[k]) for k in names] for r in rows)
+        return buf.getvalue()
+    if fmt == "table":
+        return _rich_table(table, names, rows)
+    raise ValueError(f"unknown format {fmt!r}; use 'table', 'csv' or 'json'")
+
+
+def _rich_table(table: pa.Table, names: list[str], rows: list[dict]) -> str:
+    from rich.console import Console
+    from rich.table import Table
+
+    out = Table(show_edge=True, header_style="bold")
+    for name, col in zip(names, table.columns):
+        numeric = pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)
+        out.add_column(name, justify="right" if numeric else "left", overflow="fold")
+    cells = [[_cell(r[k]) if r[k] is not None else "null" for k in names] for r in rows]
+    for row in cells:
+        out.add_row(*row)
+    widths = [max([len(n), *(len(row[i]) for row in cells)]) for i, n in enumerate(names)]
+    console = Console(file=io.StringIO(), width=max(80, sum(widths) + 3 * len(names) + 4),
+                      color_system=None, force_terminal=False, highlight=False)
+    console.print(out)
+    return console.file.getvalue()
