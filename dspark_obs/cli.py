@@ -255,5 +255,14 @@ def demo(
         _fail(f"demo failed: {exc}", code=1)
 
 
+def _register_feature_commands() -> None:
+    from dspark_obs.commands import register_all
+
+    register_all(app)
+
+
+_register_feature_commands()
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -160,3 +160,18 @@ def schema_for(table: str) -> pa.Schema:
 def register(name: str, schema: pa.Schema) -> None:
     """Add a table (estimators write their results through this)."""
     TABLES[name] = schema
+
+
+def load_result_schemas() -> None:
+    """Import every estimator module so the result tables they register exist.
+
+    Estimators own their result schemas (``register`` at import); the SQL layer
+    calls this before creating views so every table has a view.
+    """
+    import importlib
+    import pkgutil
+
+    import dspark_obs.estimators as estimators
+
+    for info in pkgutil.iter_modules(estimators.__path__):
+        importlib.import_module(f"dspark_obs.estimators.{info.name}")

@@ -93,6 +93,7 @@ def refresh(con: duckdb.DuckDBPyConnection) -> None:
     if root is None:
         return
     root = Path(root)
+    schema.load_result_schemas()
     filled = set(_variable(con, _FILLED_VAR) or [])
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     now_filled = {t for t in schema.TABLES if next(root.glob(f"{t}/*/{PART_GLOB}"), None) is not None}

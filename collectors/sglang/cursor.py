@@ -8,7 +8,13 @@ server's bounded deque wrapping before we polled (``deque_wrap``).  A new
 ``startup_time`` or a ``forward_ct`` going backwards is a restart: a new
 segment begins, and the unread tail of the old one is reported
 (``server_restart``, ``last_missing_forward_ct = -1``: its length is unknown).
-Ranges are upper bounds: prefill batches also advance ``forward_ct``.
+Ranges are upper bounds: prefill batches also advance ``forward_ct``.  To tell
+a lost decode step from a prefill, the oldest surviving record is consulted:
+``step_cpu_ms`` is set only when the forward before it was a decode step, so a
+jump followed by a record *with* ``step_cpu_ms`` certainly lost records.  A
+jump followed by one without it is reported only after our own clear or when
+the server does not send ``step_cpu_ms`` at all (then every jump is reported).
+A rank first seen with an empty deque is followed from ``forward_ct`` 0.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ class Gap:
 class RankCursor:
     high_water: int = 0
     cleared: bool = False  # we cleared since the last records were read
+    seen_empty: bool = False  # the deque was empty when first seen: nothing predates us
 
 
 @dataclass
@@ -75,14 +82,21 @@ class ForwardCursor:
             self.startup_time = info.startup_time
 
         for rank in info.ranks:
+            fresh_rank = rank.dp_rank not in self.ranks
             cur = self.ranks.setdefault(rank.dp_rank, RankCursor())
             records = rank.records
             if not records:
+                cur.seen_empty = cur.seen_empty or fresh_rank or delta.restarted
                 continue
-            oldest = records[0].forward_ct
-            if cur.high_water > 0 and oldest > cur.high_water + 1:
-                reason = "clear" if cur.cleared else "deque_wrap"
-                delta.gaps.append(Gap(rank.dp_rank, cur.high_water + 1, oldest - 1, reason, self.segment))
+            oldest = records[0]
+            following = cur.high_water > 0 or cur.seen_empty
+            if following and oldest.forward_ct > cur.high_water + 1:
+                timed = "step_cpu_time" in rank.components
+                after_decode = oldest.step_cpu_ms is not None
+                if cur.cleared or after_decode or not timed:
+                    reason = "clear" if cur.cleared else "deque_wrap"
+                    delta.gaps.append(Gap(rank.dp_rank, cur.high_water + 1, oldest.forward_ct - 1,
+                                          reason, self.segment))
             fresh = [r for r in records if r.forward_ct > cur.high_water]
             if fresh:
                 delta.new[rank.dp_rank] = fresh

@@ -83,6 +83,7 @@ class RankPayload:
     gamma: int
     records: list[_Record]
     dead: list[tuple[str, bytes]] = field(default_factory=list)  # (reason, raw record)
+    components: tuple[str, ...] = ()
 
 
 @dataclass
@@ -122,7 +123,7 @@ def decode_server_info(body: bytes) -> ServerInfoPayload:
                 good.append(_record_decoder.decode(raw))
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 dead.append((f"dp_rank {i}: record does not match DecodeStepRecord: {exc}", bytes(raw)))
-        ranks.append(RankPayload(i, payload.mode, payload.gamma, good, dead))
+        ranks.append(RankPayload(i, payload.mode, payload.gamma, good, dead, tuple(payload.components)))
     return ServerInfoPayload(info.startup_time, info.version, ranks, has_dspark)
 
 

@@ -41,7 +41,8 @@ class InfoDumper:
     """Collects decode-step records the way one SGLang DP rank does."""
 
     def __init__(self, *, gamma: int, mode: str, components: frozenset[str] = ALL_COMPONENTS,
-                 max_records: int = INFO_DUMP_MAX_RECORDS, clock: Callable[[], float]) -> None:
+                 max_records: int = INFO_DUMP_MAX_RECORDS, clock: Callable[[], float],
+                 track_produced: bool = False) -> None:
         unknown = set(components) - ALL_COMPONENTS
         if unknown:
             raise ValueError(
@@ -56,6 +57,9 @@ class InfoDumper:
         self._pending: Optional[dict] = None
         self._prev_stamp: Optional[float] = None
         self.records_produced = 0  # ever appended (for tests and the emulator's own stats)
+        # (forward_ct, rids) of every record ever appended, when tracking: the
+        # ground truth a collector's output is checked against.
+        self.produced: Optional[list[tuple[int, tuple]]] = [] if track_produced else None
 
     @property
     def enabled(self) -> bool:
@@ -119,3 +123,5 @@ class InfoDumper:
                               if k == "forward_ct" or v != _DEFAULTS[k] or
                               (v is not None and _DEFAULTS[k] is None)})
         self.records_produced += 1
+        if self.produced is not None:
+            self.produced.append((step["forward_ct"], tuple(q.get("rid") for q in step.get("reqs") or ())))

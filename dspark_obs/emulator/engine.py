@@ -60,6 +60,7 @@ class EngineConfig:
     head_temperature: tuple[float, ...] = DEFAULT_HEAD_TEMPERATURE
     sts_temperatures: Optional[tuple[float, ...]] = None
     expose_truth: bool = True
+    track_produced: bool = False  # keep every produced record's key (tests)
     real_time: float = 0.0  # 0 = virtual clock; 1 = sleep each step's time
 
     def __post_init__(self) -> None:
@@ -90,7 +91,7 @@ class _Running:
     req: GenerateRequest
     input_ids: list[int]
     track: model.TargetTrack
-    draft_rng: np.random.Generator
+    draft_key: tuple[int, ...]
     end: int  # output length at which the request finishes
     finish_reason: dict[str, Any]
     pool_index: int
@@ -134,7 +135,8 @@ class _Rank:
         self.free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
         self.survival_history: deque[dict[str, np.ndarray]] = deque(maxlen=max(cfg.lag_steps, 1))
         self.dumper = InfoDumper(gamma=cfg.gamma, mode=cfg.mode, components=cfg.components,
-                                 max_records=cfg.max_records, clock=lambda: self.clock)
+                                 max_records=cfg.max_records, clock=lambda: self.clock,
+                                 track_produced=cfg.track_produced)
         self.noise_rng = np.random.default_rng([cfg.seed, index, 7])
         self.recent: deque[tuple[int, int, int, int]] = deque(maxlen=512)
         self.verify_calls = 0
@@ -172,7 +174,11 @@ class _Rank:
         head_t = np.asarray(cfg.head_temperature[:gamma], dtype=np.float64)
         if cfg.sts_temperatures is not None:
             head_t = head_t * np.asarray(cfg.sts_temperatures[:gamma], dtype=np.float64)
-        blocks = [model.draft_block(r.track, r.draft_rng, first_pos=len(r.output), gamma=gamma,
+        # The drafter's randomness is keyed by the anchor position, so a block
+        # drafted at the same anchor is identical in every mode and run: a
+        # companion step pairs with its compact step by (rid, prefix_len).
+        blocks = [model.draft_block(r.track, np.random.default_rng([*r.draft_key, len(r.output)]),
+                                    first_pos=len(r.output), gamma=gamma,
                                     head_temperature=head_t, greedy=r.req.temperature <= 0)
                   for r in batch]
         # The head's output is quantised to what the record shows, so a replay of
@@ -307,7 +313,7 @@ class Engine:
             rank = self.ranks[self._submitted % len(self.ranks)]
             self._submitted += 1
             run = _Running(req=req, input_ids=input_ids, track=track,
-                           draft_rng=np.random.default_rng([seed, prompt_key, sample_key, 3]),
+                           draft_key=(seed, prompt_key, sample_key, 3),
                            end=end, finish_reason=reason, pool_index=-1,
                            submitted_clock=rank.clock, future=fut)
             rank.waiting.append(run)

@@ -28,8 +28,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import _fidelity_gen as gen
-from _fidelity_sglang import (
+from . import _fidelity_gen as gen
+from ._fidelity_sglang import (
     decision_mismatch,
     describe,
     sg_budget,

@@ -1,0 +1,511 @@
+"""Fit SGLang's additive step-time table ``T(bs, K) = bias + alpha(bs) + theta(M)`` from logged steps.
+
+What SGLang's profiler does (``sglang/benchmark/dspark_sps_profiler.py``, off-diagonal
+``--fracs`` sweep): hold a batch size, pin the budget, take the *median* step time of
+the steady steps as one cell ``(bs, M, T)``, and fit the cells by least squares with
+``alpha(bs_probes[0]) = 0`` and ``theta(m_probes[0]) = 0`` so that ``bias`` carries the
+level.  Here the cells come from a run's own steps instead of pinned rounds:
+
+* **M is what the target ran.**  ``compact``: ``num_verify_tokens`` (the replayed
+  CUDA-graph tier); ``static``: ``num_verify_tokens = bs * (gamma + 1)``;
+  ``cap-accept``: ``bs * (gamma + 1)`` — its ``num_verify_tokens`` is ``sum(verify_len)``
+  (the window it *commits*), but the target verified the whole block.
+* **Cells**: steps grouped by exact ``(bs, M)`` (optionally M binned), median time per cell
+  (the emulator's lognormal noise has median 1, so the median is unbiased), each cell
+  weighted by its step count.
+* **Bases**: SGLang's profiler uses one dummy per probe (a step function); here alpha and
+  theta are piecewise-linear "hat" bases on the probe grids, so the coefficients *are* an
+  ``SpsAdditiveCostTable`` (linear interpolation, clamped) and the fitted function is
+  exactly what SGLang evaluates when it loads the exported JSON.  A probe whose hat has no
+  data under it is dropped from the grid (its neighbours interpolate); ``bias > 0`` is
+  enforced (bounded least squares) because SGLang rejects a non-positive bias.
+* **Context term** (optional): ``+ c * sum(prefix_len)`` per step, the KV-read cost SGLang's
+  table cannot express; it is reported with its standard error and the MAPE with and
+  without it, so one can see whether the table misses it.
+
+Pure functions take arrays; :func:`fit_runs` and :func:`write_results` are the thin layer
+over the SQL views and the store.  Result tables: ``costmodel_fit`` and ``costmodel_error``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from scipy.optimize import lsq_linear
+
+from dspark_obs import costtable as ct
+from dspark_obs import schema
+from dspark_obs import sql as sqlmod
+
+__all__ = [
+    "TIMERS", "MODELS", "Cells", "AdditiveFit", "target_tokens", "bin_cells", "hat_basis",
+    "probe_grid", "fit_additive", "error_summary", "CostModelReport", "load_steps", "fit_runs",
+    "write_results",
+]
+
+TIMERS = ("step_gpu_ms", "step_cpu_ms", "target_verify_gpu_ms")
+MODELS = ("fitted", "fitted+context", "server")
+_BIAS_FLOOR_SECONDS = 1e-9
+
+_f64, _i64, _str, _bool = pa.float64(), pa.int64(), pa.string(), pa.bool_()
+
+
+def _field(name: str, type_: pa.DataType, doc: str) -> pa.Field:
+    return pa.field(name, type_, metadata={b"doc": doc.encode()})
+
+
+COSTMODEL_FIT = pa.schema([
+    _field("model", _str, "fitted (the exported SGLang table) | fitted+context"),
+    _field("term", _str, "bias | alpha | theta | context"),
+    _field("probe", _i64, "bs probe (alpha) or M probe (theta); null for bias and context"),
+    _field("value_seconds", _f64, "term value in seconds (context: seconds per prefix token)"),
+    _field("stderr_seconds", _f64, "least-squares standard error; 0 for the pinned first probes"),
+    _field("covered", _bool, "data lies near the probe (hat weight >= 0.5 in some cell)"),
+    _field("timer", _str, "step timer fitted: step_gpu_ms | step_cpu_ms | target_verify_gpu_ms"),
+    _field("pooled_runs", _str, "comma-separated runs whose steps were pooled into this fit"),
+])
+COSTMODEL_ERROR = pa.schema([
+    _field("model", _str, "fitted | fitted+context | server (the step's own predicted_step_ms)"),
+    _field("bs_bucket", _str, "batch sizes [lo, hi] of a probe interval, e.g. '8-15', or '*' for all"),
+    _field("n", _i64, "steps with both a measured and a predicted time"),
+    _field("mape", _f64, "mean absolute percentage error as a fraction (0.02 = 2%)"),
+    _field("bias_ms", _f64, "mean of predicted - measured, ms (positive: model too slow)"),
+    _field("timer", _str, "step timer compared against"),
+])
+schema.register("costmodel_fit", COSTMODEL_FIT)
+schema.register("costmodel_error", COSTMODEL_ERROR)
+
+
+# -- pure functions ----------------------------------------------------------------
+
+def target_tokens(mode: Sequence[str] | np.ndarray, bs: np.ndarray, num_verify_tokens: np.ndarray,
+                  gamma: np.ndarray | int) -> np.ndarray:
+    """Tokens the target verified per step: ``M`` of the additive model.
+
+    ``bs * (gamma + 1)`` for cap-accept (its ``num_verify_tokens`` is the committed
+    window, not what ran), ``num_verify_tokens`` otherwise (graph tier in compact,
+    the full block in static).
+
+    >>> target_tokens(["compact", "cap-accept"], np.array([4, 4]), np.array([16, 11]), 6).tolist()
+    [16, 28]
+    """
+    bs = np.asarray(bs, dtype=np.int64)
+    tokens = np.asarray(num_verify_tokens, dtype=np.int64)
+    full = bs * (np.asarray(gamma, dtype=np.int64) + 1)
+    return np.where(np.asarray(mode) == "cap-accept", full, tokens)
+
+
+@dataclass(frozen=True)
+class Cells:
+    """Binned probes: one row per ``(bs, M)`` cell; arrays of equal length."""
+
+    bs: np.ndarray  # int
+    m: np.ndarray  # float: mean M of the cell's steps
+    n: np.ndarray  # int: steps in the cell
+    seconds: np.ndarray  # median step time
+    context_tokens: np.ndarray  # mean sum(prefix_len); nan where unknown
+
+    def __len__(self) -> int:
+        return int(self.bs.size)
+
+
+def bin_cells(bs: np.ndarray, m: np.ndarray, seconds: np.ndarray,
+              context_tokens: Optional[np.ndarray] = None, *, m_bin_width: int = 1) -> Cells:
+    """Group steps into ``(bs, M)`` cells (M rounded to ``m_bin_width``) with median time.
+
+    ``context_tokens`` (sum of prefix_len per step) is averaged per cell.
+    """
+    bs = np.asarray(bs, dtype=np.int64)
+    m = np.asarray(m, dtype=np.float64)
+    seconds = np.asarray(seconds, dtype=np.float64)
+    ctx = (np.full(bs.size, np.nan) if context_tokens is None
+           else np.asarray(context_tokens, dtype=np.float64))
+    if not (bs.size == m.size == seconds.size == ctx.size):
+        raise ValueError(f"bs, m, seconds and context_tokens must have equal length, got "
+                         f"{bs.size}, {m.size}, {seconds.size}, {ctx.size}")
+    if m_bin_width < 1:
+        raise ValueError(f"m_bin_width must be >= 1, got {m_bin_width}")
+    mbin = np.round(m / m_bin_width).astype(np.int64)
+    keys, inverse, counts = np.unique(np.stack([bs, mbin]), axis=1, return_inverse=True,
+                                      return_counts=True)
+    inverse = inverse.ravel()
+    order = np.argsort(inverse, kind="stable")
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    med = np.array([np.median(seconds[order[s:s + c]]) for s, c in zip(starts, counts)])
+    sums = lambda v: np.bincount(inverse, weights=v, minlength=counts.size)  # noqa: E731
+    return Cells(bs=keys[0], m=sums(m) / counts, n=counts, seconds=med, context_tokens=sums(ctx) / counts)
+
+
+def hat_basis(x: np.ndarray, probes: Sequence[int]) -> np.ndarray:
+    """``[n, P]`` weights with ``np.interp(x, probes, v) == hat_basis(x, probes) @ v``.
+
+    >>> hat_basis(np.array([0, 4, 12]), [1, 8, 16]).round(3).tolist()
+    [[1.0, 0.0, 0.0], [0.571, 0.429, 0.0], [0.0, 0.5, 0.5]]
+    """
+    probes = np.asarray(probes, dtype=np.float64)
+    x = np.clip(np.asarray(x, dtype=np.float64), probes[0], probes[-1])
+    out = np.zeros((x.size, probes.size))
+    if probes.size == 1:
+        out[:, 0] = 1.0
+        return out
+    hi = np.clip(np.searchsorted(probes, x, side="right"), 1, probes.size - 1)
+    lo = hi - 1
+    frac = (x - probes[lo]) / (probes[hi] - probes[lo])
+    rows = np.arange(x.size)
+    out[rows, lo] = 1.0 - frac
+    out[rows, hi] += frac
+    return out
+
+
+def probe_grid(base: Sequence[int], observed_max: float) -> list[int]:
+    """``base`` probes up to the first one at or above ``observed_max`` (at least one probe)."""
+    kept = []
+    for p in base:
+        kept.append(int(p))
+        if p >= observed_max:
+            break
+    return kept
+
+
+@dataclass(frozen=True)
+class AdditiveFit:
+    """A fitted additive table, optionally with a context term, and how well it is determined."""
+
+    table: ct.SpsAdditiveCostTable
+    context_seconds_per_token: Optional[float]  # None: fitted without the context term
+    context_stderr: Optional[float]
+    alpha_stderr: list[float]
+    theta_stderr: list[float]
+    bias_stderr: float
+    bs_covered: list[bool]
+    m_covered: list[bool]
+    n_cells: int
+    n_steps: int
+
+    def predict_seconds(self, bs: np.ndarray, m: np.ndarray,
+                        context_tokens: Optional[np.ndarray] = None) -> np.ndarray:
+        """Step time at ``(bs, M)``; the context term is added when it was fitted."""
+        bs = np.asarray(bs, dtype=np.float64)
+        out = self.table.bias_seconds + self.table.alpha(bs) + self.table.theta(np.asarray(m, dtype=np.float64))
+        if self.context_seconds_per_token is not None:
+            if context_tokens is None:
+                raise ValueError("this fit has a context term: pass context_tokens (sum of prefix_len per step)")
+            out = out + self.context_seconds_per_token * np.asarray(context_tokens, dtype=np.float64)
+        return out
+
+
+def fit_additive(cells: Cells, *, bs_probes: Sequence[int], m_probes: Sequence[int],
+                 with_context: bool = False) -> AdditiveFit:
+    """Least-squares fit of ``bias + alpha(bs) + theta(M) [+ c * context]`` to ``cells``.
+
+    Rows are weighted by ``sqrt(n)`` (a cell's median of n steps has variance ~ 1/n);
+    ``alpha(bs_probes[0]) = theta(m_probes[0]) = 0``.  Interior or last probes with no
+    data under their hat are dropped from the grid.  Raises ValueError when the cells
+    cannot separate the terms (e.g. only static steps, where M = bs * (gamma + 1)).
+
+    Four cells generated by ``bias 1 ms, alpha(8) 1 ms, theta(64) 2 ms`` (linear in between):
+
+    >>> bs, m = np.array([1, 8, 1, 8]), np.array([1.0, 8, 64, 64])
+    >>> seconds = (1 + (bs - 1) / 7 + 2 * (m - 1) / 63) * 1e-3
+    >>> cells = Cells(bs=bs, m=m, n=np.ones(4, int), seconds=seconds, context_tokens=np.full(4, np.nan))
+    >>> fit = fit_additive(cells, bs_probes=[1, 8], m_probes=[1, 64])
+    >>> [round(v * 1e3, 6) for v in (fit.table.bias_seconds, *fit.table.alpha_seconds, *fit.table.theta_seconds)]
+    [1.0, 0.0, 1.0, 0.0, 2.0]
+    """
+    if len(cells) == 0:
+        raise ValueError("no steps to fit: the runs have no decode steps with this timer; "
+                         "collect with SGLANG_DSPARK_DEBUG_DUMP including core and the timer's component")
+    _check_probes("bs_probes", bs_probes)
+    _check_probes("m_probes", m_probes)
+    bs_grid = _supported(cells.bs, list(bs_probes))
+    m_grid = _supported(cells.m, list(m_probes))
+    ctx = cells.context_tokens
+    if with_context and not np.all(np.isfinite(ctx)):
+        raise ValueError("the context term needs sum(prefix_len) for every step: collect with the 'reqs' "
+                         "component (SGLANG_DSPARK_DEBUG_DUMP=...,reqs) or fit without the context term")
+    hb, hm = hat_basis(cells.bs, bs_grid), hat_basis(cells.m, m_grid)
+    cols = [np.ones((len(cells), 1)), hb[:, 1:], hm[:, 1:]]
+    if with_context:
+        cols.append(ctx[:, None])
+    design = np.hstack(cols)
+    w = np.sqrt(cells.n.astype(np.float64))
+    a, y = design * w[:, None], cells.seconds * w
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # column scaling for conditioning
+    a_s = a / scale
+    if np.linalg.matrix_rank(a_s) < a_s.shape[1] or np.linalg.cond(a_s) > 1e8:
+        raise ValueError(
+            f"the steps cannot separate bias, alpha(bs) and theta(M): {len(cells)} (bs, M) cells for "
+            f"{a_s.shape[1]} coefficients (bs grid {bs_grid}, M grid {m_grid}). Pool runs with different "
+            "verify tokens at the same batch size, e.g. a static and a compact run (--run A --run B), "
+            "or pass coarser --bs-probes/--m-probes")
+    beta_s = np.linalg.lstsq(a_s, y, rcond=None)[0]
+    if beta_s[0] / scale[0] <= _BIAS_FLOOR_SECONDS:  # SGLang rejects bias <= 0
+        lower = np.full(beta_s.size, -np.inf)
+        lower[0] = _BIAS_FLOOR_SECONDS * scale[0]
+        beta_s = lsq_linear(a_s, y, bounds=(lower, np.inf), method="bvls").x
+    beta = beta_s / scale
+    resid = y - a @ beta
+    dof = max(a.shape[0] - a.shape[1], 1)
+    cov = (resid @ resid / dof) * np.linalg.pinv(a_s.T @ a_s) / np.outer(scale, scale)
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    nb, nm = len(bs_grid) - 1, len(m_grid) - 1
+    table = ct.SpsAdditiveCostTable(
+        bias_seconds=float(beta[0]),
+        bs_probes=bs_grid, alpha_seconds=[0.0, *map(float, beta[1:1 + nb])],
+        m_probes=m_grid, theta_seconds=[0.0, *map(float, beta[1 + nb:1 + nb + nm])],
+    )
+    return AdditiveFit(
+        table=table,
+        context_seconds_per_token=float(beta[-1]) if with_context else None,
+        context_stderr=float(se[-1]) if with_context else None,
+        alpha_stderr=[0.0, *map(float, se[1:1 + nb])],
+        theta_stderr=[0.0, *map(float, se[1 + nb:1 + nb + nm])],
+        bias_stderr=float(se[0]),
+        bs_covered=_covered(hb),
+        m_covered=_covered(hm),
+        n_cells=len(cells), n_steps=int(cells.n.sum()),
+    )
+
+
+def _check_probes(name: str, probes: Sequence[int]) -> None:
+    probes = list(probes)
+    if not probes or probes != sorted(set(probes)) or probes[0] < 1:
+        raise ValueError(f"{name} must be strictly increasing positive integers, got {probes}")
+
+
+def _supported(x: np.ndarray, probes: list[int]) -> list[int]:
+    """Drop probes (never the first) whose hat has no data; repeat until all have some."""
+    while len(probes) > 1:
+        support = hat_basis(x, probes).sum(axis=0)
+        empty = [i for i in range(1, len(probes)) if support[i] <= 1e-12]
+        if not empty:
+            break
+        probes = [p for i, p in enumerate(probes) if i not in empty[:1]]
+    return probes
+
+
+def _covered(hats: np.ndarray) -> list[bool]:
+    return [bool(v) for v in (hats.max(axis=0) >= 0.5)] if hats.size else []
+
+
+def bs_buckets(bs: np.ndarray, bs_probes: Sequence[int]) -> np.ndarray:
+    """Label each batch size with its probe interval: ``'8-15'``, last one ``'256+'``.
+
+    >>> bs_buckets(np.array([1, 7, 8, 300]), [1, 8, 256]).tolist()
+    ['1-7', '1-7', '8-255', '256+']
+    """
+    probes = np.asarray(bs_probes)
+    labels = [f"{lo}-{hi - 1}" for lo, hi in zip(probes[:-1], probes[1:])] + [f"{probes[-1]}+"]
+    idx = np.clip(np.searchsorted(probes, np.asarray(bs), side="right") - 1, 0, probes.size - 1)
+    return np.asarray(labels, dtype=object)[idx]
+
+
+def error_summary(measured_s: np.ndarray, predicted_s: np.ndarray, buckets: np.ndarray) -> list[dict]:
+    """MAPE (fraction) and mean signed error (ms) overall (``'*'``) and per bucket.
+
+    Steps with a missing (nan) prediction or measurement, or a non-positive measurement,
+    are skipped.
+    """
+    measured_s = np.asarray(measured_s, dtype=np.float64)
+    predicted_s = np.asarray(predicted_s, dtype=np.float64)
+    ok = np.isfinite(measured_s) & np.isfinite(predicted_s) & (measured_s > 0)
+    rows = []
+    labels = np.asarray(buckets, dtype=object)
+    for label in ["*", *sorted(set(labels[ok].tolist()), key=_bucket_key)]:
+        sel = ok if label == "*" else ok & (labels == label)
+        n = int(sel.sum())
+        if n == 0:
+            rows.append({"bs_bucket": label, "n": 0, "mape": None, "bias_ms": None})
+            continue
+        err = predicted_s[sel] - measured_s[sel]
+        rows.append({"bs_bucket": label, "n": n, "mape": float(np.mean(np.abs(err) / measured_s[sel])),
+                     "bias_ms": float(np.mean(err) * 1e3)})
+    return rows
+
+
+def _bucket_key(label: str) -> int:
+    return int(label.split("-")[0].rstrip("+"))
+
+
+# -- thin layer: views in, result tables out ----------------------------------------
+
+_STEPS_SQL = """
+SELECT s.run_id, s.dp_rank, s.segment, s.forward_ct, s.mode, s.bs, s.num_verify_tokens,
+       s.{timer} AS measured_ms, s.predicted_step_ms,
+       q.context_tokens,
+       coalesce(r.gamma, q.block) AS gamma
+FROM steps AS s
+LEFT JOIN (
+    SELECT run_id, dp_rank, segment, forward_ct, sum(prefix_len) AS context_tokens,
+           max(len(draft_tokens)) AS block
+    FROM step_reqs WHERE list_contains($runs, run_id)
+    GROUP BY run_id, dp_rank, segment, forward_ct
+) AS q USING (run_id, dp_rank, segment, forward_ct)
+LEFT JOIN runs AS r ON r.run_id = s.run_id
+WHERE list_contains($runs, s.run_id) AND s.bs > 0
+ORDER BY s.run_id, s.dp_rank, s.segment, s.forward_ct
+"""
+
+
+def load_steps(con, runs: Sequence[str], *, timer: str = "step_gpu_ms") -> pa.Table:
+    """Decode steps of ``runs`` with ``m`` (target tokens), ``measured_s`` and ``context_tokens``.
+
+    Columns: run_id, dp_rank, segment, forward_ct, mode, bs, num_verify_tokens, m,
+    measured_s (null where the timer is absent), predicted_s (the server's
+    predicted_step_ms / 1e3), context_tokens (sum of prefix_len; null without reqs), gamma.
+    """
+    _check_timer(timer)
+    sqlmod.refresh(con)
+    raw = con.sql(_STEPS_SQL.format(timer=timer), params={"runs": list(runs)}).to_arrow_table()
+    if raw.num_rows == 0:
+        return raw
+    gamma = raw.column("gamma").to_numpy(zero_copy_only=False)
+    if np.any(~np.isfinite(gamma.astype(np.float64))):
+        raise ValueError("gamma is unknown for some steps (no runs row and no step_reqs); "
+                         "re-collect the run so its runs row is written")
+    m = target_tokens(raw.column("mode").to_numpy(zero_copy_only=False), raw.column("bs").to_numpy(),
+                      raw.column("num_verify_tokens").to_numpy(), gamma.astype(np.int64))
+    out = raw.append_column("m", pa.array(m))
+    measured = pc.divide(out.column("measured_ms").cast(_f64), 1e3)
+    predicted = pc.divide(out.column("predicted_step_ms").cast(_f64), 1e3)
+    out = out.drop_columns(["measured_ms", "predicted_step_ms"])
+    return out.append_column("measured_s", measured).append_column("predicted_s", predicted)
+
+
+def _check_timer(timer: str) -> None:
+    if timer not in TIMERS:
+        raise ValueError(f"timer {timer!r} is not one of {', '.join(TIMERS)} (--timer)")
+
+
+@dataclass
+class CostModelReport:
+    """Everything ``fit_runs`` found: the fits, their errors, and the result-table rows."""
+
+    runs: list[str]
+    timer: str
+    fit: AdditiveFit
+    fit_context: Optional[AdditiveFit]
+    errors: dict[str, list[dict]] = field(default_factory=dict)  # run -> rows (with model)
+    context_note: str = ""
+
+    @property
+    def context_helps(self) -> Optional[bool]:
+        """True when the context coefficient is > 3 standard errors and lowers the pooled MAPE."""
+        if self.fit_context is None:
+            return None
+        plain, with_ctx = self.overall_mape("fitted"), self.overall_mape("fitted+context")
+        z = self.fit_context.context_seconds_per_token / max(self.fit_context.context_stderr or 0.0, 1e-300)
+        return bool(z > 3.0 and with_ctx is not None and plain is not None and with_ctx < plain)
+
+    def overall_mape(self, model: str) -> Optional[float]:
+        """Step-weighted MAPE of ``model`` over every run of the pool."""
+        rows = [r for rs in self.errors.values() for r in rs if r["model"] == model and r["bs_bucket"] == "*"]
+        n = sum(r["n"] for r in rows)
+        return sum(r["mape"] * r["n"] for r in rows if r["n"]) / n if n else None
+
+    def fit_rows(self) -> list[dict]:
+        rows = []
+        pooled = ",".join(self.runs)
+        for name, f in (("fitted", self.fit), ("fitted+context", self.fit_context)):
+            if f is None:
+                continue
+            t = f.table
+            rows.append({"model": name, "term": "bias", "probe": None, "value_seconds": t.bias_seconds,
+                         "stderr_seconds": f.bias_stderr, "covered": True})
+            for p, v, s, c in zip(t.bs_probes, t.alpha_seconds, f.alpha_stderr, f.bs_covered):
+                rows.append({"model": name, "term": "alpha", "probe": p, "value_seconds": v,
+                             "stderr_seconds": s, "covered": c})
+            for p, v, s, c in zip(t.m_probes, t.theta_seconds, f.theta_stderr, f.m_covered):
+                rows.append({"model": name, "term": "theta", "probe": p, "value_seconds": v,
+                             "stderr_seconds": s, "covered": c})
+            if f.context_seconds_per_token is not None:
+                rows.append({"model": name, "term": "context", "probe": None,
+                             "value_seconds": f.context_seconds_per_token,
+                             "stderr_seconds": f.context_stderr, "covered": True})
+        for r in rows:
+            r.update(timer=self.timer, pooled_runs=pooled)
+        return rows
+
+
+def fit_runs(con, runs: Sequence[str], *, timer: str = "step_gpu_ms",
+             bs_probes: Optional[Sequence[int]] = None, m_probes: Optional[Sequence[int]] = None,
+             base_table: Optional[ct.SpsAdditiveCostTable] = None, m_bin_width: int = 1) -> CostModelReport:
+    """Pool the decode steps of ``runs``, fit with and without the context term, and score.
+
+    Probe grids default to ``base_table``'s (else SGLang-shaped default table's) probes up
+    to the first probe at or above the largest observed value.
+    """
+    runs = list(dict.fromkeys(runs))
+    if not runs:
+        raise ValueError("no run given: pass --run RUN (repeat it to pool runs)")
+    steps = load_steps(con, runs, timer=timer)
+    known = set(steps.column("run_id").to_pylist()) if steps.num_rows else set()
+    missing = [r for r in runs if r not in known]
+    if missing:
+        raise ValueError(f"no decode steps for run(s) {missing}; list runs with "
+                         "`dspark-obs sql --data D run_overview`")
+    measured = steps.column("measured_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    ok = np.isfinite(measured)
+    if not ok.any():
+        raise ValueError(f"no step has {timer}; pick another --timer ({', '.join(TIMERS)}) or collect with "
+                         "its SGLANG_DSPARK_DEBUG_DUMP component")
+    bs = steps.column("bs").to_numpy().astype(np.int64)
+    m = steps.column("m").to_numpy().astype(np.float64)
+    ctx = steps.column("context_tokens").to_numpy(zero_copy_only=False).astype(np.float64)
+    base = base_table or ct.default_additive_table()
+    bs_grid = list(bs_probes) if bs_probes else probe_grid(base.bs_probes, bs[ok].max())
+    m_grid = list(m_probes) if m_probes else probe_grid(base.m_probes, m[ok].max())
+    cells = bin_cells(bs[ok], m[ok], measured[ok], ctx[ok], m_bin_width=m_bin_width)
+    fit = fit_additive(cells, bs_probes=bs_grid, m_probes=m_grid)
+    fit_ctx, note = None, ""
+    if np.all(np.isfinite(ctx[ok])):
+        fit_ctx = fit_additive(cells, bs_probes=bs_grid, m_probes=m_grid, with_context=True)
+    else:
+        note = "no context term: some steps have no step_reqs (collect with the 'reqs' component)"
+    report = CostModelReport(runs=runs, timer=timer, fit=fit, fit_context=fit_ctx, context_note=note)
+    run_ids = np.asarray(steps.column("run_id").to_pylist(), dtype=object)
+    server = steps.column("predicted_s").to_numpy(zero_copy_only=False).astype(np.float64)
+    predictions = {"fitted": fit.predict_seconds(bs, m)}
+    if fit_ctx is not None:
+        predictions["fitted+context"] = fit_ctx.predict_seconds(bs, m, ctx)
+    predictions["server"] = server
+    buckets = bs_buckets(bs, fit.table.bs_probes)
+    for run in runs:
+        sel = run_ids == run
+        rows = []
+        for model, pred in predictions.items():
+            for row in error_summary(measured[sel], pred[sel], buckets[sel]):
+                rows.append({"model": model, **row, "timer": timer})
+        report.errors[run] = rows
+    return report
+
+
+def write_results(store, report: CostModelReport) -> None:
+    """Replace ``costmodel_fit`` and ``costmodel_error`` of every run in the report."""
+    fit_rows = report.fit_rows()
+    for run in report.runs:
+        for table, rows in (("costmodel_fit", fit_rows), ("costmodel_error", report.errors[run])):
+            store.drop_run(table, run)
+            store.write(table, run, rows)
+
+
+def fitted_table_of(con, run: str, *, model: str = "fitted") -> Optional[ct.SpsAdditiveCostTable]:
+    """The additive table stored in ``costmodel_fit`` for ``run``, if one was written."""
+    sqlmod.refresh(con)
+    rows = con.sql(
+        "SELECT term, probe, value_seconds FROM costmodel_fit WHERE run_id = $run AND model = $model "
+        "ORDER BY term, probe", params={"run": run, "model": model}).fetchall()
+    if not rows:
+        return None
+    bias = [v for t, _, v in rows if t == "bias"]
+    alpha = [(p, v) for t, p, v in rows if t == "alpha"]
+    theta = [(p, v) for t, p, v in rows if t == "theta"]
+    if not bias or not alpha or not theta:
+        return None
+    return ct.SpsAdditiveCostTable(bias_seconds=bias[0], bs_probes=[p for p, _ in alpha],
+                                   alpha_seconds=[v for _, v in alpha], m_probes=[p for p, _ in theta],
+                                   theta_seconds=[v for _, v in theta])
