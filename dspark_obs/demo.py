@@ -46,14 +46,55 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
         console.print(f"  {summary.steps} steps, {summary.step_reqs} request-steps, "
                       f"{summary.requests} requests, {summary.gaps} gaps")
     _print_windows(store, console)
+    analyse(store, runs["compact"], runs["cap-accept"], console=console)
     console.print(
         f"\nData in [bold]{out}[/bold]. Next:\n"
         f"  dspark-obs sql --data {out} window_by_workload\n"
         f"  dspark-obs sql --data {out} acceptance_by_position\n"
         f"  dspark-obs sql --data {out} \"select workload, avg(verify_len) from step_reqs "
         f"join requests using (run_id, rid) group by 1\"\n"
+        f"  dspark-obs calibrate --data {out} --run {runs['compact']} --labels all --fit-sts sts.json\n"
+        f"  dspark-obs replay --data {out} --run {runs['compact']} --sts sts.json\n"
         f"  dspark-obs queries   # every canned query")
     return runs
+
+
+def analyse(store: Store, compact: str, companion: str, *, console: Console) -> None:
+    """Run the estimator stages on a compact run and its companion; print what they found."""
+    from dspark_obs.estimators import calibration, ceiling, costmodel, replay
+
+    console.print("estimating the hidden ceiling, calibration, the cost model and schedule replay ...")
+    ceiling.estimate_run(store, compact, companion=companion, n_bootstrap=200)
+    ceiling.estimate_run(store, companion, n_bootstrap=200)
+    for labels in ("observed", "reconstructed", "companion"):
+        calibration.calibrate_run(store, compact, labels=labels, companion=companion, n_bootstrap=200)
+    con = sqlmod.connect(store.root)
+    costmodel.write_results(store, costmodel.fit_runs(con, [compact, companion]))
+    replay.write_results(store, replay.replay_run(con, compact))
+    con = sqlmod.connect(store.root)
+    rows = con.execute("""
+        SELECT s.workload, s.mean_acc_len, s.ceiling_len_mid, s.ceiling_len_lo, s.ceiling_len_hi,
+               s.utilisation, s.utilisation_ci95_low, s.utilisation_ci95_high,
+               (SELECT avg(ece) FROM calibration c WHERE c.run_id = s.run_id AND c.workload = s.workload
+                  AND c.labels = 'observed' AND c.binning = 'width15') AS ece_observed,
+               (SELECT avg(ece) FROM calibration c WHERE c.run_id = s.run_id AND c.workload = s.workload
+                  AND c.labels = 'companion' AND c.binning = 'width15') AS ece_companion
+        FROM ceiling_summary s WHERE s.run_id = $run ORDER BY s.workload = '*', s.workload""",
+                       {"run": compact}).fetchall()
+    table = Table(title=f"{compact}: accepted vs the hidden ceiling (accept lengths, drafts + 1), "
+                        "and calibration (ECE, mean over positions)")
+    for col in ("workload", "accept len", "ceiling mid [lo, hi]", "utilisation [95% CI]",
+                "ECE observed", "ECE companion"):
+        table.add_column(col)
+    for w, acc, mid, lo, hi, util, ulo, uhi, e_obs, e_comp in rows:
+        table.add_row(w, f"{acc:.2f}", f"{mid:.2f} [{lo:.2f}, {hi:.2f}]", f"{util:.3f} [{ulo:.3f}, {uhi:.3f}]",
+                      "-" if e_obs is None else f"{e_obs:.3f}", "-" if e_comp is None else f"{e_comp:.3f}")
+    console.print(table)
+    conf = con.execute("SELECT share FROM replay_conformance WHERE run_id = $run", {"run": compact}).fetchall()
+    cost = con.execute("SELECT mape FROM costmodel_error WHERE model = 'fitted' AND bs_bucket = '*' "
+                       "AND run_id = $run", {"run": compact}).fetchall()
+    console.print(f"schedule replay reproduces {conf[0][0]:.1%} of logged windows; "
+                  f"fitted cost model MAPE {cost[0][0]:.1%}" if conf and cost else "")
 
 
 def _print_windows(store: Store, console: Console) -> None:

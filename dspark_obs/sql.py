@@ -83,6 +83,12 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     return con
 
 
+def root_of(con: duckdb.DuckDBPyConnection) -> Path | None:
+    """The data root a connection from :func:`connect` reads, or None for a foreign one."""
+    root = _variable(con, _ROOT_VAR)
+    return None if root is None else Path(root)
+
+
 def refresh(con: duckdb.DuckDBPyConnection) -> None:
     """Re-point views whose table gained its first file or lost its last one.
 

@@ -16,6 +16,8 @@ NOW = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
 
 
 def _value_for(type_: pa.DataType):
+    if pa.types.is_boolean(type_):
+        return True
     if pa.types.is_timestamp(type_):
         return NOW
     if pa.types.is_string(type_):

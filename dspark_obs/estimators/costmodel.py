@@ -19,9 +19,16 @@ level.  Here the cells come from a run's own steps instead of pinned rounds:
   exactly what SGLang evaluates when it loads the exported JSON.  A probe whose hat has no
   data under it is dropped from the grid (its neighbours interpolate); ``bias > 0`` is
   enforced (bounded least squares) because SGLang rejects a non-positive bias.
-* **Context term** (optional): ``+ c * sum(prefix_len)`` per step, the KV-read cost SGLang's
-  table cannot express; it is reported with its standard error and the MAPE with and
-  without it, so one can see whether the table misses it.
+* **Timer**: ``step_gpu_ms`` by default (device time of the step).  SGLang's profiler
+  fits ``step_cpu_ms`` (host time between consecutive decode steps, so host overhead lands
+  in ``bias``; absent after a prefill); pass ``timer="step_cpu_ms"`` for a table that
+  plans like the profiler's.  ``target_verify_gpu_ms`` leaves the draft out.
+* **Context term**: ``+ c * sum(prefix_len)`` per step, the KV-read cost SGLang's table
+  cannot express.  ``sum(prefix_len)`` grows with the batch, so across cells it is
+  confounded with ``alpha(bs)``; ``c`` is estimated from the variation *within* cells
+  (:func:`context_slope`), then the table is refitted to the times net of it.  The fit
+  reports ``c`` with its standard error and the MAPE with and without it
+  (:attr:`CostModelReport.context_helps`).
 
 Pure functions take arrays; :func:`fit_runs` and :func:`write_results` are the thin layer
 over the SQL views and the store.  Result tables: ``costmodel_fit`` and ``costmodel_error``.
@@ -42,7 +49,7 @@ from dspark_obs import schema
 from dspark_obs import sql as sqlmod
 
 __all__ = [
-    "TIMERS", "MODELS", "Cells", "AdditiveFit", "target_tokens", "bin_cells", "hat_basis",
+    "TIMERS", "MODELS", "Cells", "AdditiveFit", "target_tokens", "bin_cells", "context_slope", "hat_basis",
     "probe_grid", "fit_additive", "error_summary", "CostModelReport", "load_steps", "fit_runs",
     "write_results",
 ]
@@ -108,6 +115,7 @@ class Cells:
     n: np.ndarray  # int: steps in the cell
     seconds: np.ndarray  # median step time
     context_tokens: np.ndarray  # mean sum(prefix_len); nan where unknown
+    cell_of_step: Optional[np.ndarray] = None  # the cell of each input step
 
     def __len__(self) -> int:
         return int(self.bs.size)
@@ -137,7 +145,45 @@ def bin_cells(bs: np.ndarray, m: np.ndarray, seconds: np.ndarray,
     starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
     med = np.array([np.median(seconds[order[s:s + c]]) for s, c in zip(starts, counts)])
     sums = lambda v: np.bincount(inverse, weights=v, minlength=counts.size)  # noqa: E731
-    return Cells(bs=keys[0], m=sums(m) / counts, n=counts, seconds=med, context_tokens=sums(ctx) / counts)
+    return Cells(bs=keys[0], m=sums(m) / counts, n=counts, seconds=med, context_tokens=sums(ctx) / counts,
+                 cell_of_step=inverse)
+
+
+def context_slope(cell_of_step: np.ndarray, seconds: np.ndarray,
+                  context_tokens: np.ndarray) -> tuple[float, float]:
+    """Seconds per prefix token from the variation *within* cells, and its standard error.
+
+    Within one ``(bs, M)`` cell alpha and theta are constant, so regressing the step time
+    on ``sum(prefix_len)`` after removing each cell's means isolates the context cost
+    (a fixed-effects estimator); across cells it would be confounded with alpha, since
+    ``sum(prefix_len)`` grows with the batch.
+
+    >>> context_slope(np.array([0, 0, 1, 1]), np.array([1.0, 3.0, 5.0, 9.0]), np.array([0.0, 2, 0, 4]))[0]
+    1.0
+    """
+    cell = np.asarray(cell_of_step, dtype=np.int64)
+    y = np.asarray(seconds, dtype=np.float64)
+    x = np.asarray(context_tokens, dtype=np.float64)
+    if not (cell.size == y.size == x.size):
+        raise ValueError(f"cell_of_step, seconds and context_tokens must have equal length, got "
+                         f"{cell.size}, {y.size}, {x.size}")
+    if not np.all(np.isfinite(x)):
+        raise ValueError("context_tokens has missing values: collect with the 'reqs' component "
+                         "(SGLANG_DSPARK_DEBUG_DUMP=...,reqs) or fit without the context term")
+    counts = np.maximum(np.bincount(cell), 1)
+    mean_y = np.bincount(cell, weights=y) / counts
+    dx = x - (np.bincount(cell, weights=x) / counts)[cell]
+    dy = y - mean_y[cell]
+    # Step-time noise is relative (a few % of the step), so weight by 1 / (cell mean)^2.
+    w = 1.0 / np.maximum(mean_y[cell], 1e-300) ** 2
+    sxx = float(np.sum(w * dx * dx))
+    if sxx <= 0:
+        raise ValueError("sum(prefix_len) never varies within a (bs, M) cell, so its cost cannot be told "
+                         "from alpha(bs); collect longer runs (requests of different lengths)")
+    slope = float(np.sum(w * dx * dy)) / sxx
+    dof = max(y.size - counts.size - 1, 1)
+    resid = dy - slope * dx
+    return slope, float(np.sqrt(np.sum(w * resid * resid) / dof / sxx))
 
 
 def hat_basis(x: np.ndarray, probes: Sequence[int]) -> np.ndarray:
@@ -199,8 +245,11 @@ class AdditiveFit:
 
 
 def fit_additive(cells: Cells, *, bs_probes: Sequence[int], m_probes: Sequence[int],
-                 with_context: bool = False) -> AdditiveFit:
-    """Least-squares fit of ``bias + alpha(bs) + theta(M) [+ c * context]`` to ``cells``.
+                 context: Optional[tuple[float, float]] = None) -> AdditiveFit:
+    """Least-squares fit of ``bias + alpha(bs) + theta(M)`` to ``cells``.
+
+    ``context = (seconds_per_token, stderr)`` (from :func:`context_slope`) marks the
+    cells' times as already net of the context cost and is carried into the fit.
 
     Rows are weighted by ``sqrt(n)`` (a cell's median of n steps has variance ~ 1/n);
     ``alpha(bs_probes[0]) = theta(m_probes[0]) = 0``.  Interior or last probes with no
@@ -223,15 +272,8 @@ def fit_additive(cells: Cells, *, bs_probes: Sequence[int], m_probes: Sequence[i
     _check_probes("m_probes", m_probes)
     bs_grid = _supported(cells.bs, list(bs_probes))
     m_grid = _supported(cells.m, list(m_probes))
-    ctx = cells.context_tokens
-    if with_context and not np.all(np.isfinite(ctx)):
-        raise ValueError("the context term needs sum(prefix_len) for every step: collect with the 'reqs' "
-                         "component (SGLANG_DSPARK_DEBUG_DUMP=...,reqs) or fit without the context term")
     hb, hm = hat_basis(cells.bs, bs_grid), hat_basis(cells.m, m_grid)
-    cols = [np.ones((len(cells), 1)), hb[:, 1:], hm[:, 1:]]
-    if with_context:
-        cols.append(ctx[:, None])
-    design = np.hstack(cols)
+    design = np.hstack([np.ones((len(cells), 1)), hb[:, 1:], hm[:, 1:]])
     w = np.sqrt(cells.n.astype(np.float64))
     a, y = design * w[:, None], cells.seconds * w
     scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # column scaling for conditioning
@@ -260,8 +302,8 @@ def fit_additive(cells: Cells, *, bs_probes: Sequence[int], m_probes: Sequence[i
     )
     return AdditiveFit(
         table=table,
-        context_seconds_per_token=float(beta[-1]) if with_context else None,
-        context_stderr=float(se[-1]) if with_context else None,
+        context_seconds_per_token=None if context is None else float(context[0]),
+        context_stderr=None if context is None else float(context[1]),
         alpha_stderr=[0.0, *map(float, se[1:1 + nb])],
         theta_stderr=[0.0, *map(float, se[1 + nb:1 + nb + nm])],
         bias_stderr=float(se[0]),
@@ -340,7 +382,7 @@ SELECT s.run_id, s.dp_rank, s.segment, s.forward_ct, s.mode, s.bs, s.num_verify_
        coalesce(r.gamma, q.block) AS gamma
 FROM steps AS s
 LEFT JOIN (
-    SELECT run_id, dp_rank, segment, forward_ct, sum(prefix_len) AS context_tokens,
+    SELECT run_id, dp_rank, segment, forward_ct, CAST(sum(prefix_len) AS DOUBLE) AS context_tokens,
            max(len(draft_tokens)) AS block
     FROM step_reqs WHERE list_contains($runs, run_id)
     GROUP BY run_id, dp_rank, segment, forward_ct
@@ -394,7 +436,10 @@ class CostModelReport:
 
     @property
     def context_helps(self) -> Optional[bool]:
-        """True when the context coefficient is > 3 standard errors and lowers the pooled MAPE."""
+        """True when the context coefficient is > 3 standard errors above 0 and lowers the pooled MAPE.
+
+        None when no context term could be fitted (see ``context_note``).
+        """
         if self.fit_context is None:
             return None
         plain, with_ctx = self.overall_mape("fitted"), self.overall_mape("fitted+context")
@@ -462,10 +507,13 @@ def fit_runs(con, runs: Sequence[str], *, timer: str = "step_gpu_ms",
     cells = bin_cells(bs[ok], m[ok], measured[ok], ctx[ok], m_bin_width=m_bin_width)
     fit = fit_additive(cells, bs_probes=bs_grid, m_probes=m_grid)
     fit_ctx, note = None, ""
-    if np.all(np.isfinite(ctx[ok])):
-        fit_ctx = fit_additive(cells, bs_probes=bs_grid, m_probes=m_grid, with_context=True)
+    try:
+        slope = context_slope(cells.cell_of_step, measured[ok], ctx[ok])
+    except ValueError as exc:
+        note = f"no context term: {exc}"
     else:
-        note = "no context term: some steps have no step_reqs (collect with the 'reqs' component)"
+        net = bin_cells(bs[ok], m[ok], measured[ok] - slope[0] * ctx[ok], ctx[ok], m_bin_width=m_bin_width)
+        fit_ctx = fit_additive(net, bs_probes=bs_grid, m_probes=m_grid, context=slope)
     report = CostModelReport(runs=runs, timer=timer, fit=fit, fit_context=fit_ctx, context_note=note)
     run_ids = np.asarray(steps.column("run_id").to_pylist(), dtype=object)
     server = steps.column("predicted_s").to_numpy(zero_copy_only=False).astype(np.float64)

@@ -1,0 +1,33 @@
+# The two set-up commands of the README: `make demo` and `make test`.
+# Each creates what it needs on a fresh machine (a virtual environment with the
+# package; for the fidelity tier, a second one with SGLang 0.5.23 on CPU).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+FIDELITY_VENV ?= .fidelity-venv
+DEMO_OUT ?= demo-data
+
+.PHONY: install demo test test-main test-fidelity clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(BIN)/.installed
+
+demo: install
+	$(BIN)/dspark-obs demo --out $(DEMO_OUT)
+
+test: test-main test-fidelity
+
+test-main: install
+	$(BIN)/python -m pytest -q
+
+test-fidelity:
+	FIDELITY_VENV=$(FIDELITY_VENV) bash .ci/fidelity-venv.sh
+
+clean:
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache

@@ -1,0 +1,194 @@
+"""``dspark-obs calibrate``: how well the confidence head's survival predicts acceptance.
+
+Scores a run per position with each kind of labels, stores the tables
+``calibration`` and ``calibration_bins``, prints ECE per position x labels, and
+optionally fits SGLang STS temperatures (``--fit-sts``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dspark_obs.console import fail
+from rich.console import Console
+from rich.table import Table
+
+LABEL_CHOICES = ("observed", "reconstructed", "companion", "all")
+_STS_PREFERENCE = ("companion", "reconstructed", "observed")  # most trustworthy full-block truth first
+from dspark_obs.console import console as err  # noqa: E402
+
+
+
+
+def calibrate(
+    data: Path = typer.Option(..., help="Data root of the store (from `dspark-obs collect` or `demo`)."),
+    run: str = typer.Option(..., help="Run whose confidences to score: a compact or cap-accept run."),
+    labels: str = typer.Option("all", help="Where the truth comes from: observed | reconstructed | companion | all "
+                                           "(all = every kind the store supports for this run)."),
+    companion: Optional[str] = typer.Option(None, help="Cap-accept companion run for --labels companion "
+                                                       "(default: the run stored with companion_of = RUN)."),
+    bootstrap: int = typer.Option(1000, help="Request-level bootstrap resamples for the ECE's 95% CI; 0 = no CI."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap (same seed, same interval)."),
+    fit_sts: Optional[Path] = typer.Option(None, "--fit-sts", help="Also fit STS temperatures and write SGLang's "
+                                           "JSON here (serve it with --speculative-dspark-confidence-sts-path)."),
+    current_sts: Optional[Path] = typer.Option(None, "--current-sts", help="The STS JSON the server ran with: "
+                                               "recorded confidences are after it, so the fit needs it to recover "
+                                               "raw logits. Default: no STS was applied."),
+) -> None:
+    """Measure calibration of the confidence head: does survival S_k predict that drafts 1..k all survive?
+
+    The event at position k (1..gamma) is "the first k drafts survive a full-block verify";
+    the prediction is the step's survival S_k = c_1...c_k.  Labels:
+
+    * **observed** — what the run's records decide.  Exact for cap-accept and static runs.  In a
+      compact run a step that accepted its whole window hides its tail, so those positions are
+      left out, and what remains is biased: deep positions are labelled mostly on steps the
+      scheduler trusted, and the head looks more over-confident than it is.
+    * **companion** — the paired step of a cap-accept companion run (same prompts and seeds): exact.
+    * **reconstructed** — the block-accept estimator's ceiling (run `dspark-obs estimate` first).
+
+    Metrics per workload x position x binning (width15 = SGLang's 15 equal-width bins, width20 =
+    DeepSpec's, mass15 = equal-mass): ECE with a request-level bootstrap CI, debiased ECE, MCE,
+    Brier, log loss, AUROC; reliability bins in `calibration_bins`.  Re-running replaces the
+    rows of the same run and labels.
+
+    `--fit-sts` fits Sequential Temperature Scaling exactly as SGLang's `dspark_sts_fit.py`
+    (41-point log grid on [0.1, 10], 15-bin survival ECE, position by position) plus a
+    continuous refinement, on the best labels computed (companion, reconstructed, observed).
+
+    Examples:
+
+    `dspark-obs calibrate --data demo-data --run demo-compact-s0`
+
+    `dspark-obs calibrate --data D --run cap-run --fit-sts sts.json --current-sts served-sts.json`
+
+    `dspark-obs sql --data D "select position, labels, ece, debiased_ece from calibration where binning = 'width15' and workload = '*'"`
+    """
+    from dspark_obs import sql as sqlmod
+    from dspark_obs.estimators import calibration as cal
+
+    if labels not in LABEL_CHOICES:
+        fail(f"--labels {labels!r} is not one of {', '.join(LABEL_CHOICES)}")
+    if bootstrap < 0:
+        fail(f"--bootstrap must be >= 0 (0 = no CI), got {bootstrap}")
+    if not data.is_dir():
+        fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
+    current = _read_sts(current_sts) if current_sts is not None else None
+    if fit_sts is not None and fit_sts.is_dir():
+        fail(f"--fit-sts {fit_sts} is a directory; give a file name such as sts.json")
+
+    con = sqlmod.connect(data)
+    kinds = cal.LABEL_KINDS if labels == "all" else (labels,)
+    results = {}
+    for kind in kinds:
+        try:
+            result = cal.calibrate_run(con, run, labels=kind, companion=companion, n_bootstrap=bootstrap, seed=seed)
+        except cal.CalibrationDataError as exc:
+            if labels == "all" and kind != "observed":
+                err.print(f"[yellow]skipped {kind} labels:[/yellow] {exc}")
+                continue
+            fail(str(exc))
+        except ValueError as exc:
+            fail(str(exc))
+        results[kind] = result
+        for note in result.notes:
+            err.print(f"{kind}: {note}")
+        mode = result.summary.column("mode")[0].as_py() if result.summary.num_rows else None
+        if labels == "all" and mode in ("cap-accept", "static"):
+            err.print(f"{run} is a {mode} run: its observed labels are the full-block truth")
+            break
+    Console().print(_ece_table(run, results))
+
+    if fit_sts is not None:
+        _fit_and_write(con, run, labels, results, companion, current, current_sts, fit_sts)
+
+
+def _read_sts(path: Path) -> list[float]:
+    from dspark_obs.estimators.sts import StsCalibration
+
+    try:
+        return StsCalibration.from_json(path.read_bytes()).temperatures
+    except OSError as exc:
+        fail(f"--current-sts {path}: cannot read it ({exc.strerror}); pass the STS JSON the server was started with")
+    except ValueError as exc:
+        fail(f"--current-sts {path}: {exc}")
+
+
+def _server_sts_path(con, run: str) -> Optional[str]:
+    rows = con.sql("SELECT server_info FROM runs WHERE run_id = $run", params={"run": run}).fetchall()
+    try:
+        info = json.loads(rows[0][0]) if rows and rows[0][0] else {}
+    except ValueError:
+        return None
+    return info.get("speculative_dspark_confidence_sts_path") if isinstance(info, dict) else None
+
+
+def _fit_and_write(con, run, labels, results, companion, current, current_sts, out: Path) -> None:
+    from dspark_obs.estimators import sts
+
+    kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels
+    if kind is None:
+        fail("no labels to fit STS on")
+    mode = next(iter(results.values())).summary.column("mode")[0].as_py() if results else None
+    if kind == "observed" and mode == "compact":
+        err.print("[yellow]warning:[/yellow] fitting STS on a compact run's observed labels: censored tails are "
+                  "missing, which biases the temperatures; prefer a cap-accept run or --labels companion")
+    server_sts = _server_sts_path(con, run)
+    if current is None and server_sts:
+        fail(f"run {run!r} was served with --speculative-dspark-confidence-sts-path {server_sts}: its confidences "
+              f"are after those temperatures; pass that file as --current-sts")
+    try:
+        fit = sts.fit_sts_run(con, run, labels=kind, companion=companion, current_temperatures=current,
+                              dataset=f"dspark-obs:{run}:labels={kind}")
+        out.write_text(fit.to_sglang().to_json(), encoding="utf-8")
+    except (ValueError, OSError) as exc:
+        fail(f"--fit-sts: {exc}")
+    Console().print(_sts_table(fit, current_sts))
+    err.print(f"wrote {out} ({fit.num_samples} request-steps, {kind} labels); serve it with "
+              f"--speculative-dspark-confidence-sts-path {out}")
+
+
+def _fmt(x) -> str:
+    return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.4f}"
+
+
+def _ece_table(run: str, results: dict) -> Table:
+    table = Table(title=f"ECE of survival S_k, run {run}: 15 equal-width bins, all workloads, lower is better "
+                        "(pred->rate: mean S_k -> share of steps whose first k drafts survive)", header_style="bold")
+    table.add_column("k", justify="right")
+    rows: dict[int, list[str]] = {}
+    for kind, result in results.items():
+        table.add_column(f"{kind}\nECE [95% CI]", justify="right")
+        table.add_column("pred->rate", justify="right")
+        table.add_column("n", justify="right")
+        for r in result.summary.to_pylist():
+            if r["workload"] != "*" or r["binning"] != "width15":
+                continue
+            ci = f" [{r['ece_ci_lo']:.3f},{r['ece_ci_hi']:.3f}]" if r["ece_ci_lo"] is not None else ""
+            rate = (f"{r['mean_predicted']:.2f}->{r['observed_rate']:.2f}" if r["n"] else "-")
+            rows.setdefault(r["position"], []).extend([f"{_fmt(r['ece'])}{ci}", rate, str(r["n"])])
+    for k in sorted(rows):
+        table.add_row(str(k), *rows[k])
+    return table
+
+
+def _sts_table(fit, current_sts: Optional[Path]) -> Table:
+    table = Table(title=f"STS fit ({fit.labels} labels): temperatures replace the server's current ones",
+                  header_style="bold")
+    for name in ("k", "T (grid)", "T", "ECE raw (T=1)", f"ECE as served{' (--current-sts)' if current_sts else ''}",
+                 "ECE after"):
+        table.add_column(name, justify="right")
+    for k in range(len(fit.temperatures)):
+        table.add_row(str(k + 1), f"{fit.grid_temperatures[k]:.4f}", f"{fit.temperatures[k]:.4f}",
+                      _fmt(fit.ece_before[k]), _fmt(fit.ece_reported[k] if fit.ece_reported else None),
+                      _fmt(fit.ece_after[k]))
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    app.command("calibrate")(calibrate)

@@ -1,0 +1,179 @@
+"""``dspark-obs estimate``: the block-accept (ceiling) estimator over one run.
+
+Estimates, per request-step, what a full-block verify would have accepted
+(table ``ceiling``), summarises it per workload with bootstrap CIs
+(``ceiling_summary``), and checks it against a truth when one exists
+(``ceiling_validation``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from dspark_obs.console import fail
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from dspark_obs.console import console as err  # noqa: E402
+METHOD_CHOICES = ("default", "sglang")
+
+
+
+
+def estimate(
+    data: Path = typer.Option(..., help="Data root of the store (from `dspark-obs collect` or `demo`)."),
+    run: Optional[str] = typer.Option(None, help="Run to estimate (a compact run; cap-accept and static runs "
+                                                 "validate against themselves). Default: the store's only compact run."),
+    companion: Optional[str] = typer.Option(None, help="Cap-accept run of the same prompts and seeds to validate "
+                                                       "against. Default: the run stored with companion_of = RUN."),
+    method: str = typer.Option("default", help="default (bounds that hold for any drafter + an expectation "
+                                               "learnt from the run's verified drafts) | sglang (SGLang's own "
+                                               "interval rule, mid = (lo + hi) / 2)."),
+    sglang_jsonl: Optional[Path] = typer.Option(None, "--sglang-jsonl", help="SGLang's block-accept estimator "
+                                                "JSONL (SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH): its draft "
+                                                "logprobs make a_k = min(1, p/q) exact for the steps it covers."),
+    bootstrap: int = typer.Option(1000, help="Request-level bootstrap resamples for the summary's 95% CIs; 0 = no CI."),
+    seed: int = typer.Option(0, help="Seed of the bootstrap (same seed, same intervals)."),
+) -> None:
+    """Estimate the hidden ceiling: what a full-block verify would have accepted, per request-step.
+
+    In compact mode a step that accepts its whole window (window = verify_len - 1 < gamma) is
+    **censored**: the drafts it trimmed were never checked.  The estimator compares them with the
+    tokens the request committed later (the `tokens` table, collected by the driver with
+    logprobs and top-5), as SGLang's own block-accept estimator does:
+
+    * **greedy** requests: exact wherever the output continues past the trimmed drafts; an
+      interval only where the output ends first (at EOS nothing more is accepted);
+    * **temperature** requests: `lo`/`hi` bound the expected acceptance for any drafter, and `mid`
+      is the expectation, learnt from the drafts this run did verify.  Give `--sglang-jsonl` for
+      exact acceptance probabilities (tight intervals).
+
+    Writes `ceiling` (lo/mid/hi in drafts, 0..gamma, and SGLang's category per step),
+    `ceiling_summary` (per workload and `*`: accept lengths and utilisation = accepted / ceiling,
+    with request-bootstrap CIs) and, with a truth — a cap-accept companion, the run's own
+    cap-accept/static steps, or the emulator's — `ceiling_validation` (bias, MAE, coverage by
+    category, workload and 8 equal-count bins of mid).  Re-running replaces the run's results.
+
+    Examples:
+
+    `dspark-obs estimate --data demo-data`
+
+    `dspark-obs estimate --data D --run compact-run --companion cap-run --method sglang`
+
+    `dspark-obs sql --data D "select category, count(*), avg(mid), avg(hi - lo) from ceiling group by 1"`
+    """
+    from dspark_obs import sql as sqlmod
+    from dspark_obs.estimators import ceiling as ceil
+    from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
+
+    if method not in METHOD_CHOICES:
+        fail(f"--method {method!r} is not one of {', '.join(METHOD_CHOICES)}")
+    if bootstrap < 0:
+        fail(f"--bootstrap must be >= 0 (0 = no CI), got {bootstrap}")
+    if not data.is_dir():
+        fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
+    con = sqlmod.connect(data)
+    run = run or _only_compact_run(con)
+    known = {r[0] for r in con.sql("SELECT DISTINCT run_id FROM step_reqs").fetchall()}
+    if run not in known:
+        fail(f"--run {run!r} has no request-steps in {data}; runs with steps: {', '.join(sorted(known)) or 'none'}")
+    if companion is not None and companion not in known:
+        fail(f"--companion {companion!r} has no request-steps in {data}; runs with steps: {', '.join(sorted(known))}")
+    logprobs = None
+    if sglang_jsonl is not None:
+        logprobs = logprobs_from_sglang_jsonl(_read_jsonl(sglang_jsonl), gamma=_gamma(con, run))
+        err.print(f"{sglang_jsonl}: draft logprobs for {logprobs.num_rows} censored steps")
+    try:
+        result = ceil.estimate_run(con, run, companion=companion, method=method, sglang_logprobs=logprobs,
+                                   n_bootstrap=bootstrap, seed=seed)
+    except (LookupError, ValueError) as exc:
+        fail(str(exc))
+    if result.misaligned_requests:
+        err.print(f"[yellow]warning:[/yellow] {len(result.misaligned_requests)} requests' tokens do not line up "
+                  f"with their steps (e.g. {result.misaligned_requests[0]}); their trimmed drafts were not compared")
+    if result.truth_source == "companion" and result.steps_with_truth == 0:
+        err.print(f"[yellow]warning:[/yellow] companion {result.companion} shares no step (same request, anchor "
+                  "and drafts) with this run: replay the same prompts and sampling seeds on the same server seed")
+    out = Console(width=max(Console().width, 110))  # the CI columns do not fit 80
+    out.print(_summary_table(result))
+    if result.validation is not None:
+        out.print(_validation_table(result))
+    err.print(f"wrote {result.ceiling.num_rows} rows to ceiling, {result.summary.num_rows} to ceiling_summary"
+              f"{'' if result.validation is None else f', {result.validation.num_rows} to ceiling_validation'}"
+              f" (run {run}, method {method}). Next: dspark-obs sql --data {data} "
+              "\"select * from ceiling_validation where group_kind = 'bin'\"")
+
+
+def _only_compact_run(con) -> str:
+    rows = con.sql("SELECT DISTINCT s.run_id, r.mode FROM step_reqs s LEFT JOIN runs r USING (run_id) "
+                   "ORDER BY 1").fetchall()
+    compact = [r for r, mode in rows if mode == "compact"]
+    if len(compact) == 1:
+        return compact[0]
+    listing = ", ".join(f"{r} ({mode or 'mode unknown'})" for r, mode in rows) or "none"
+    fail(f"--run is needed: the store has {len(compact)} compact runs; runs: {listing}")
+
+
+def _gamma(con, run: str) -> int:
+    rows = con.sql("SELECT max(len(draft_tokens)) FROM step_reqs WHERE run_id = $run", params={"run": run}).fetchall()
+    return int(rows[0][0] or 0)
+
+
+def _read_jsonl(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError as exc:
+        fail(f"--sglang-jsonl {path}: cannot read it ({exc.strerror}); pass the file SGLang wrote to "
+              "SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH")
+    records = []
+    for i, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except ValueError as exc:
+            fail(f"--sglang-jsonl {path} line {i} is not JSON ({exc}); is it the block-accept estimator's file?")
+    return records
+
+
+def _fmt(v, digits: int = 3) -> str:
+    return "-" if v is None else f"{v:.{digits}f}"
+
+
+def _ci(row: dict, name: str) -> str:
+    return f"{row[name]:.3f} ({row[name + '_ci95_low']:.2f}-{row[name + '_ci95_high']:.2f})"
+
+
+def _summary_table(result) -> Table:
+    table = Table(title=f"Ceiling of {result.run_id} ({result.method}): accept lengths (drafts + 1), 95% CI",
+                  box=box.SIMPLE_HEAD)
+    for col in ("workload", "steps", "cens.", "acc_len", "ceiling mid", "lo..hi", "utilisation"):
+        table.add_column(col, justify="left" if col == "workload" else "right", no_wrap=True)
+    for row in result.summary.to_pylist():
+        table.add_row(row["workload"], str(row["steps"]), _fmt(row["censored_share"], 2), _ci(row, "mean_acc_len"),
+                      _ci(row, "ceiling_len_mid"), f"{row['ceiling_len_lo']:.2f}..{row['ceiling_len_hi']:.2f}",
+                      _ci(row, "utilisation"))
+    return table
+
+
+def _validation_table(result) -> Table:
+    source = result.truth_source + (f" {result.companion}" if result.companion else "")
+    table = Table(title=f"Censored steps vs truth ({source}), in drafts", box=box.SIMPLE_HEAD)
+    for col in ("group", "n", "mid", "truth", "bias", "MAE", "coverage", "emu cov."):
+        table.add_column(col, justify="left" if col == "group" else "right", no_wrap=True)
+    for row in result.validation.to_pylist():
+        if row["group_kind"] not in ("overall", "sampling", "category"):
+            continue
+        name = "all" if row["group_kind"] == "overall" else row["group"].removeprefix("censored_")
+        table.add_row(name, str(row["n"]), _fmt(row["mean_mid"]), _fmt(row.get("mean_truth")), _fmt(row.get("bias")),
+                      _fmt(row.get("mae")), _fmt(row.get("coverage")), _fmt(row.get("emu_coverage")))
+    return table
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(estimate)

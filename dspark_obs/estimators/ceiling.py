@@ -1,0 +1,297 @@
+"""The block-accept (ceiling) estimator: what a full-block verify would have accepted.
+
+Compact mode verifies only a window of each drafted block, so when the whole
+window is accepted (a *censored* step) the full-block acceptance — the ceiling —
+is hidden.  This module estimates it per request-step from the committed output
+(DESIGN.md §3):
+
+* **greedy** requests (temperature 0): a trimmed draft is accepted iff it equals
+  the realised token, so the ceiling is exact wherever the output continues
+  past the walk; where the output ends first it is an interval (EOS: nothing
+  past it is accepted, ``hi = lo``; length cut: up to ``gamma``).
+* **temperature** requests: a trimmed draft is accepted with probability
+  ``a_k = min(1, p_k / q_k)``.  ``method="sglang"`` is SGLang's own rule
+  (``dspark_block_accept_estimator``): walk while the realised token equals the
+  draft, ``lo = w + sum prod a``, ``hi = lo + prod * (#unverifiable)``,
+  ``mid = (lo + hi) / 2``; ``q_k`` comes from SGLang's JSONL, and without it the
+  head's confidence ``c_k`` stands in for ``a_k``.  ``method="default"``
+  separates what is known from what is estimated:
+
+  - ``lo``/``hi`` are bounds that hold for any drafter: ``a_k`` exact where
+    ``p_k`` and ``q_k`` are known, else ``p_k <= a_k <= 1`` (``q <= 1``; ``p_k``
+    from the realised token's logprob or the top-k, 0 when unknown), and the
+    unverifiable rest between none and all accepted (none after EOS);
+  - ``mid`` is the expectation: ``a_k`` from an acceptance model fitted on the
+    run's own verified in-window drafts (head confidence as the prior, top-k
+    evidence as the update; see :mod:`ceiling_prior`), and the unverifiable
+    rest accepted with the head's calibrated conditional confidences.
+
+  Equality of a trimmed draft with the realised token is *not* taken as
+  acceptance: the realised token came from another verify, so equality only
+  says the draft was not contradicted (the emulator's coupling makes equality
+  imply acceptance; real SGLang's does not).
+
+Assumptions: the realised prefix is what the untrimmed trajectory would have
+seen up to the walk's position (SGLang's "anchor tokens behave alike");
+``tokens.logprob`` / ``top_logprobs`` are at the request temperature (SGLang's
+default); ``requests.prompt_tokens`` places output position 0 (the prefill
+token) — checked against each step's committed tokens; a request of unknown
+temperature gets the temperature rule (its bounds hold for greedy too).
+
+Units: ``lo``/``mid``/``hi`` count *drafts* a full block accepts (0..gamma),
+not accept lengths; SGLang's estimator and analyzer report ``lo + 1`` etc.
+
+:func:`estimate_ceiling` is the pure computation; :func:`estimate_run` reads a
+run from the store's views, computes, and writes the ``ceiling``,
+``ceiling_summary`` and ``ceiling_validation`` tables (replacing the run's old
+results).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+
+from dspark_obs import schema
+from dspark_obs.estimators.ceiling_evidence import Evidence, draft_evidence, token_index
+from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
+from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model
+from dspark_obs.estimators.ceiling_walk import CATEGORIES, Walk, ceiling_from_factors, sglang_interval, walk_blocks
+
+__all__ = ["METHODS", "CeilingEstimate", "estimate_ceiling", "estimate_run", "CeilingRun",
+           "Evidence", "token_index", "draft_evidence", "logprobs_from_sglang_jsonl",
+           "CEILING", "CEILING_SUMMARY", "CEILING_VALIDATION"]
+
+METHODS = ("default", "sglang")
+Method = Literal["default", "sglang"]
+
+_i16, _i32, _i64, _f32, _f64, _str = pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string()
+
+
+def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+    return pa.field(name, type_, nullable=nullable, metadata={b"doc": doc.encode()})
+
+
+def _ci(name: str, doc: str) -> list[pa.Field]:
+    return [_f(name, _f64, doc), _f(f"{name}_ci95_low", _f64, f"{doc}: request-bootstrap 2.5%"),
+            _f(f"{name}_ci95_high", _f64, f"{doc}: request-bootstrap 97.5%")]
+
+
+CEILING = pa.schema([
+    _f("dp_rank", _i16, "DP rank"),
+    _f("forward_ct", _i64, "step key", False),
+    _f("segment", _i32, "server lifetime segment"),
+    _f("rid", _str, "request id"),
+    _f("workload", _str, "the request's workload"),
+    _f("temperature", _f32, "sampling temperature; 0 = greedy (exact rule)"),
+    _f("prefix_len", _i32, "sequence length before the step", False),
+    _f("window", _i16, "drafts verified: verify_len - 1", False),
+    _f("correct_drafts", _i16, "drafts accepted within the window", False),
+    _f("censored", pa.bool_(), "correct_drafts == window < gamma: the ceiling was hidden (always set)"),
+    _f("category", _str, "exact_in_window | censored_resolved_exact | censored_diverged | censored_eos | "
+                          "censored_at_end (SGLang's analyzer)", False),
+    _f("walked", _i16, "trimmed drafts compared with a realised token"),
+    _f("lo", _f64, "lower end of the full-block accepted drafts (0..gamma)", False),
+    _f("mid", _f64, "estimate of the full-block accepted drafts (expectation under sampling)", False),
+    _f("hi", _f64, "upper end of the full-block accepted drafts", False),
+    _f("method", _str, "default | sglang"),
+])
+
+CEILING_SUMMARY = pa.schema([
+    _f("workload", _str, "workload, or '*' for all", False),
+    _f("method", _str, "default | sglang", False),
+    _f("requests", _i32, "requests with steps (the bootstrap's resampling unit)", False),
+    _f("steps", _i64, "request-steps", False),
+    _f("censored_steps", _i64, "steps whose ceiling was hidden", False),
+    _f("censored_share", _f64, "censored_steps / steps"),
+    _f("mean_window", _f64, "mean drafts verified (verify_len - 1)"),
+    *_ci("mean_acc_len", "mean committed tokens per step (correct_drafts + 1)"),
+    *_ci("ceiling_len_mid", "mean ceiling accept length (mid + 1): what a full block would commit"),
+    *_ci("ceiling_len_lo", "mean ceiling accept length at lo (lo + 1)"),
+    *_ci("ceiling_len_hi", "mean ceiling accept length at hi (hi + 1)"),
+    *_ci("utilisation", "mean_acc_len / ceiling_len_mid: accepted / what a full block would accept"),
+    _f("utilisation_at_hi", _f64, "mean_acc_len / ceiling_len_hi (utilisation if the ceiling is hi)"),
+    _f("utilisation_at_lo", _f64, "mean_acc_len / ceiling_len_lo (utilisation if the ceiling is lo)"),
+    _f("n_bootstrap", _i32, "bootstrap resamples behind the CIs"),
+])
+
+CEILING_VALIDATION = pa.schema([
+    _f("method", _str, "default | sglang", False),
+    _f("truth_source", _str, "companion (paired cap-accept run) | cap-accept | static (own steps) | "
+                             "emulator (emu_block_accept)"),
+    _f("companion_run", _str, "run_id of the companion, when the truth came from one"),
+    _f("group_kind", _str, "all_steps | overall | sampling | category | workload | bin "
+                           "(all but all_steps: censored steps only)", False),
+    _f("group", _str, "group value ('*' for all; bin index for bins)", False),
+    _f("bin", _i16, "equal-count bin of mid, 0 = lowest (bins only)"),
+    _f("n", _i64, "steps with a truth", False),
+    _f("mean_lo", _f64, "mean lo (drafts)"),
+    _f("mean_mid", _f64, "mean mid (drafts)"),
+    _f("mean_hi", _f64, "mean hi (drafts)"),
+    _f("mean_truth", _f64, "mean realised full-block accepted drafts"),
+    _f("bias", _f64, "mean (mid - truth)"),
+    _f("mae", _f64, "mean |mid - truth|"),
+    _f("coverage", _f64, "share of steps with lo <= truth <= hi"),
+    _f("emu_n", _i64, "steps with the emulator's expectation"),
+    _f("mean_emu_expected", _f64, "mean emu_expected_block_accept"),
+    _f("emu_bias", _f64, "mean (mid - emu_expected_block_accept)"),
+    _f("emu_mae", _f64, "mean |mid - emu_expected_block_accept|"),
+    _f("emu_coverage", _f64, "share of steps with lo <= emu_expected_block_accept <= hi"),
+])
+
+schema.register("ceiling", CEILING)
+schema.register("ceiling_summary", CEILING_SUMMARY)
+schema.register("ceiling_validation", CEILING_VALIDATION)
+
+
+@dataclass(frozen=True)
+class CeilingEstimate:
+    """Per request-step results of :func:`estimate_ceiling` (arrays of ``n``)."""
+
+    walk: Walk
+    lo: np.ndarray
+    mid: np.ndarray
+    hi: np.ndarray
+    model: AcceptanceModel | None = field(default=None, repr=False)
+
+    @property
+    def category(self) -> np.ndarray:
+        """Category names (object array)."""
+        return np.asarray(CATEGORIES, dtype=object)[self.walk.category]
+
+
+def _as_2d(x: np.ndarray | None, shape: tuple[int, int], name: str) -> np.ndarray:
+    if x is None:
+        return np.full(shape, np.nan)
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape != shape:
+        raise ValueError(f"{name} has shape {x.shape}, expected {shape} (steps x gamma)")
+    return x
+
+
+def estimate_ceiling(
+    drafts: np.ndarray,
+    window: np.ndarray,
+    correct: np.ndarray,
+    evidence: Evidence,
+    *,
+    greedy: np.ndarray,
+    natural_end: np.ndarray,
+    confidence: np.ndarray | None = None,
+    q_draft: np.ndarray | None = None,
+    p_draft: np.ndarray | None = None,
+    method: Method = "default",
+    model: AcceptanceModel | None = None,
+) -> CeilingEstimate:
+    """Ceiling ``(lo, mid, hi)`` in drafts (0..gamma) for each request-step.
+
+    Parameters
+    ----------
+    drafts : int [n, gamma]; window, correct : int [n]
+        ``draft_tokens``, ``verify_len - 1``, ``correct_drafts``.
+    evidence : :class:`~dspark_obs.estimators.ceiling_evidence.Evidence`
+        Realised tokens and target probabilities at each draft's position.
+    greedy, natural_end : bool [n]
+        Temperature 0; the output ended with EOS / stop (else length cut or unknown).
+    confidence : float [n, gamma], optional
+        The head's conditional acceptance ``c_k`` (NaN / None when not sent).
+    q_draft, p_draft : float [n, gamma], optional
+        Drafter and target probabilities of each draft from SGLang's JSONL
+        (NaN unknown); ``p_draft`` overrides the evidence where given.
+    method : "default" | "sglang"
+        See the module docstring.
+    model : AcceptanceModel, optional
+        Fitted acceptance model; by default fitted on these steps.
+
+    >>> from dspark_obs.estimators.ceiling_evidence import Evidence, draft_evidence, token_index
+from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
+    >>> ev = Evidence(realised=np.array([[5, 6, 7]]), p_draft=np.full((1, 3), np.nan),
+    ...               p_topk=np.full((1, 3), np.nan), topk_state=np.zeros((1, 3), np.int8))
+    >>> est = estimate_ceiling(np.array([[5, 6, 8]]), np.array([1]), np.array([1]), ev,
+    ...                        greedy=np.array([True]), natural_end=np.array([True]))
+    >>> est.category[0], float(est.lo[0]), float(est.hi[0])   # d_2 matches, d_3 does not
+    ('censored_resolved_exact', 2.0, 2.0)
+    """
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
+    drafts = np.asarray(drafts)
+    if drafts.ndim != 2 or drafts.shape[1] < 1:
+        raise ValueError(f"drafts must be a 2-D array [steps, gamma], got shape {drafts.shape}")
+    n, gamma = drafts.shape
+    window = np.asarray(window, dtype=np.int64)
+    correct = np.asarray(correct, dtype=np.int64)
+    if window.shape != (n,) or correct.shape != (n,):
+        raise ValueError(f"window and correct must have shape ({n},), got {window.shape} and {correct.shape}")
+    bad = (correct < 0) | (correct > window) | (window > gamma)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"step {i}: need 0 <= correct_drafts <= window <= gamma={gamma}, got "
+                         f"correct_drafts={correct[i]}, window={window[i]}")
+    greedy = np.broadcast_to(np.asarray(greedy, dtype=bool), (n,))
+    conf = _as_2d(confidence, (n, gamma), "confidence")
+    q = _as_2d(q_draft, (n, gamma), "q_draft")
+    p_json = _as_2d(p_draft, (n, gamma), "p_draft")
+    p = np.where(np.isnan(p_json), evidence.p_draft, p_json)
+
+    walk = walk_blocks(drafts, window, correct, evidence.realised, natural_end)
+    if model is None:
+        model = fit_acceptance_model(conf, window, correct, greedy, p_topk=evidence.p_topk,
+                                     topk_state=evidence.topk_state)
+    g = greedy[:, None]
+    eq = walk.matched.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = np.minimum(1.0, p / q)              # NaN unless both are known
+    known = ~np.isnan(exact)
+    if method == "sglang":
+        proxy = np.where(np.isnan(conf), model.base_rate[False], conf)
+        a = np.where(g, eq, np.where(known, exact, proxy))
+        lo, mid, hi = sglang_interval(walk, a)
+        return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model)
+    a_lo = np.where(g, eq, np.where(known, exact, np.nan_to_num(p, nan=0.0)))
+    a_hi = np.where(g, eq, np.where(known, exact, 1.0))
+    a_mid = np.where(g, eq, np.where(known, exact, np.clip(
+        model.draft(conf, evidence.p_topk, evidence.topk_state), a_lo, a_hi)))
+    lo = ceiling_from_factors(walk, a_lo, tail=0.0)
+    hi = ceiling_from_factors(walk, a_hi, tail=1.0)
+    mid = ceiling_from_factors(walk, a_mid, tail=model.prior(conf, greedy))
+    return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model)
+
+
+@dataclass
+class CeilingRun:
+    """What :func:`estimate_run` computed and wrote."""
+
+    run_id: str
+    method: str
+    gamma: int
+    ceiling: pa.Table
+    summary: pa.Table
+    validation: pa.Table | None
+    truth_source: str | None = None
+    companion: str | None = None
+    steps_with_truth: int = 0
+    misaligned_requests: list[str] = field(default_factory=list)
+
+
+def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, method: Method = "default",
+                 sglang_logprobs: pa.Table | None = None, n_bootstrap: int = 1000, seed: int = 0,
+                 write: bool = True) -> CeilingRun:
+    """Estimate the ceiling of every request-step of ``run_id`` and write the result tables.
+
+    ``con_or_store`` is a connection from :func:`dspark_obs.sql.connect` or a
+    :class:`~dspark_obs.store.Store`.  ``companion`` is the cap-accept run to
+    validate against (default: the run recorded as this run's companion);
+    a cap-accept or static run validates against its own steps, an emulator run
+    also against ``emu_*``.  ``sglang_logprobs`` is
+    :func:`~dspark_obs.estimators.ceiling_jsonl.logprobs_from_sglang_jsonl`'s
+    table (exact ``a_k`` for the steps it covers).  With ``write=True`` the run's
+    ``ceiling``, ``ceiling_summary`` and ``ceiling_validation`` partitions are
+    replaced.  Raises ValueError / LookupError with the fix in the message.
+    """
+    from dspark_obs.estimators.ceiling_io import run_estimate
+
+    return run_estimate(con_or_store, run_id, companion=companion, method=method,
+                        sglang_logprobs=sglang_logprobs, n_bootstrap=n_bootstrap, seed=seed, write=write)

@@ -1,0 +1,180 @@
+"""What the committed output says about each drafted position.
+
+The tokens table holds, per request and output position, the committed token,
+the target's logprob of it and the target's top-k logprobs.  For every draft
+``d_k`` of every request-step this module finds the output position
+(``first_pos + k - 1``) and returns, as ``[n, gamma]`` arrays:
+
+* ``realised`` — the committed token there (``-1`` if the output has none);
+* ``p_draft`` — the target's probability of the *draft* token there, when it is
+  knowable: the realised token's logprob if ``d_k`` is the realised token, else
+  its top-k logprob if ``d_k`` is in the top-k; NaN otherwise;
+* ``p_topk`` / ``topk_state`` — the same from the top-k alone (state 0: no top-k
+  at this position, 1: ``d_k`` in the top-k, 2: ``d_k`` below the top-k), which
+  is what the acceptance model may look at without seeing the outcome.
+
+Probabilities are at the request's temperature: SGLang 0.5.23 returns
+temperature-scaled logprobs unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set
+(``sglang/srt/layers/sampler.py``), and the emulator does the same.
+
+Everything is vectorised: requests become integer codes, tokens are sorted by
+``(code, pos)`` and looked up with one ``searchsorted``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dspark_obs.estimators.ceiling_walk import NO_TOKEN
+
+__all__ = ["TokenIndex", "Evidence", "token_index", "draft_evidence", "padded_lists", "check_alignment"]
+
+
+def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype) -> np.ndarray:
+    """A list column as a 2-D array padded with ``fill`` (null lists become all ``fill``)."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    n = len(column)
+    if n == 0:
+        return np.full((0, 0), fill, dtype=dtype)
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+    width = int(lengths.max()) if n else 0
+    out = np.full((n, width), fill, dtype=dtype)
+    if width == 0:
+        return out
+    values = pc.list_flatten(column)
+    if values.null_count:
+        values = pc.fill_null(values, fill)
+    values = values.to_numpy(zero_copy_only=False)
+    rows = np.repeat(np.arange(n), lengths)
+    starts = np.cumsum(lengths) - lengths
+    cols = np.arange(len(values)) - np.repeat(starts, lengths)
+    vals = np.asarray(values, dtype=dtype)
+    out[rows, cols] = vals
+    return out
+
+
+@dataclass(frozen=True)
+class TokenIndex:
+    """Committed tokens sorted by ``key = code * stride + pos`` for vectorised lookup."""
+
+    key: np.ndarray            # [t] int64, sorted
+    stride: int
+    token_id: np.ndarray       # [t] int64
+    logprob: np.ndarray        # [t] float64 (NaN unknown)
+    top_ids: np.ndarray        # [t, K] int64 (-1 padding)
+    top_logprobs: np.ndarray   # [t, K] float64 (NaN padding)
+
+    def find(self, code: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Row of each ``(code, pos)`` and whether it exists (rows of misses are 0)."""
+        if self.key.size == 0:
+            return np.zeros(np.shape(pos), dtype=np.int64), np.zeros(np.shape(pos), dtype=bool)
+        ok = (pos >= 0) & (pos < self.stride) & (code >= 0)
+        key = np.where(ok, code * self.stride + pos, -1)
+        row = np.clip(np.searchsorted(self.key, key), 0, self.key.size - 1)
+        found = ok & (self.key[row] == key)
+        return np.where(found, row, 0), found
+
+
+def token_index(code: np.ndarray, pos: np.ndarray, token_id: np.ndarray, *,
+                logprob: np.ndarray | None = None, top_ids: np.ndarray | None = None,
+                top_logprobs: np.ndarray | None = None) -> TokenIndex:
+    """Index the tokens table (arrays of one row per committed token; code = request code)."""
+    code = np.asarray(code, dtype=np.int64)
+    pos = np.asarray(pos, dtype=np.int64)
+    t = code.size
+    if t and (pos.min() < 0 or code.min() < 0):
+        raise ValueError(f"token positions and request codes must be >= 0, got min pos {pos.min()}, "
+                         f"min code {code.min()}")
+    stride = int(pos.max()) + 1 if t else 1
+    key = code * stride + pos
+    order = np.argsort(key, kind="stable")
+    if t and np.any(np.diff(key[order]) == 0):
+        raise ValueError("the tokens table holds a (rid, pos) twice; collect the run again or "
+                         "drop the duplicate part file")
+    logprob = np.full(t, np.nan) if logprob is None else np.asarray(logprob, dtype=np.float64)
+    top_ids = np.full((t, 0), -1, np.int64) if top_ids is None else np.asarray(top_ids, dtype=np.int64)
+    top_lp = np.full((t, 0), np.nan) if top_logprobs is None else np.asarray(top_logprobs, dtype=np.float64)
+    return TokenIndex(key=key[order], stride=stride, token_id=np.asarray(token_id, dtype=np.int64)[order],
+                      logprob=logprob[order], top_ids=top_ids[order], top_logprobs=top_lp[order])
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Per drafted position ``[n, gamma]``: see the module docstring."""
+
+    realised: np.ndarray     # int64, NO_TOKEN where the output holds nothing
+    p_draft: np.ndarray      # float64 target probability of the draft token, NaN unknown
+    p_topk: np.ndarray       # float64, from the top-k only, NaN unless topk_state == 1
+    topk_state: np.ndarray   # int8: 0 no top-k, 1 draft in top-k, 2 draft below top-k
+
+
+def draft_evidence(index: TokenIndex, code: np.ndarray, first_pos: np.ndarray,
+                   drafts: np.ndarray, *, chunk_rows: int = 100_000) -> Evidence:
+    """Look up every draft's output position (``first_pos + k - 1``) in ``index``.
+
+    ``code`` [n] is the request code of each step (``-1``: no tokens known),
+    ``first_pos`` [n] the output position of ``d_1``, ``drafts`` [n, gamma].
+    Steps are processed ``chunk_rows`` at a time (the top-k comparison holds
+    ``rows x gamma x K`` values).
+    """
+    drafts = np.asarray(drafts, dtype=np.int64)
+    code, first_pos = np.asarray(code, dtype=np.int64), np.asarray(first_pos, dtype=np.int64)
+    if len(drafts) > chunk_rows:
+        parts = [_draft_evidence(index, code[i:i + chunk_rows], first_pos[i:i + chunk_rows],
+                                 drafts[i:i + chunk_rows]) for i in range(0, len(drafts), chunk_rows)]
+        return Evidence(*(np.concatenate([getattr(p, f) for p in parts]) for f in
+                          ("realised", "p_draft", "p_topk", "topk_state")))
+    return _draft_evidence(index, code, first_pos, drafts)
+
+
+def _draft_evidence(index: TokenIndex, code: np.ndarray, first_pos: np.ndarray, drafts: np.ndarray) -> Evidence:
+    n, gamma = drafts.shape
+    pos = np.asarray(first_pos, dtype=np.int64)[:, None] + np.arange(gamma)[None, :]
+    codes = np.broadcast_to(np.asarray(code, dtype=np.int64)[:, None], pos.shape)
+    row, found = index.find(codes, pos)
+    realised = np.where(found, index.token_id[row] if index.key.size else NO_TOKEN, NO_TOKEN)
+    p_real = np.where(found & (realised == drafts), np.exp(index.logprob[row]) if index.key.size else np.nan,
+                      np.nan)
+    k = index.top_ids.shape[1]
+    p_topk = np.full((n, gamma), np.nan)
+    state = np.zeros((n, gamma), dtype=np.int8)
+    if k and index.key.size:
+        ids = index.top_ids[row]                       # [n, gamma, K]
+        lps = index.top_logprobs[row]
+        has_top = found & (ids >= 0).any(axis=2)
+        hit = (ids == drafts[:, :, None]) & has_top[:, :, None]
+        in_top = hit.any(axis=2)
+        lp = np.take_along_axis(lps, hit.argmax(axis=2)[:, :, None], axis=2)[:, :, 0]
+        p_topk = np.where(in_top, np.exp(lp), np.nan)
+        state = np.where(in_top, 1, np.where(has_top, 2, 0)).astype(np.int8)
+    p_draft = np.where(np.isnan(p_real), p_topk, p_real)
+    return Evidence(realised=realised.astype(np.int64), p_draft=p_draft, p_topk=p_topk, topk_state=state)
+
+
+def check_alignment(evidence: Evidence, drafts: np.ndarray, correct: np.ndarray,
+                    bonus: np.ndarray) -> np.ndarray:
+    """Per step: +1 the committed tokens agree with the tokens table, -1 they do not, 0 unknown.
+
+    A step committed ``d_1..d_c`` and the bonus token at offsets ``1..c+1``; a
+    wrong ``prompt_tokens`` (or a tokens table from another run) shifts every
+    position and shows here.
+    """
+    drafts = np.asarray(drafts, dtype=np.int64)
+    n, gamma = drafts.shape
+    correct = np.asarray(correct, dtype=np.int64)
+    offset = np.arange(1, gamma + 1)[None, :]
+    expected = np.where(offset <= correct[:, None], drafts, -2)
+    known = (offset <= correct[:, None]) & (evidence.realised != NO_TOKEN)
+    agree = np.where(known, evidence.realised == expected, True).all(axis=1)
+    any_known = known.any(axis=1)
+    # The bonus sits at offset correct + 1 (an extra column when correct == gamma).
+    bonus_col = np.minimum(correct, gamma - 1)
+    bonus_real = evidence.realised[np.arange(n), bonus_col]
+    bonus_known = (correct < gamma) & (bonus_real != NO_TOKEN)
+    agree &= ~bonus_known | (bonus_real == np.asarray(bonus, dtype=np.int64))
+    return np.where(any_known | bonus_known, np.where(agree, 1, -1), 0).astype(np.int8)

@@ -1,0 +1,187 @@
+"""Summaries of per-step ceilings: bootstrap means per workload, and validation against truth.
+
+Both take plain arrays (one entry per request-step) and return lists of row
+dicts for the ``ceiling_summary`` and ``ceiling_validation`` tables.
+
+Units: ``lo``/``mid``/``hi``/``truth`` are drafts a full block accepts
+(0..gamma).  The summary reports *accept lengths* (drafts + 1, the bonus
+token), like SGLang's ``spec_accept_length`` / ``spec_block_accept_length``,
+so utilisation = mean acc_len / mean ceiling accept length.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["summarize", "validate", "equal_count_bins", "N_BINS"]
+
+N_BINS = 8
+ALL = "*"
+
+
+def _groups(labels: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """``(name, mask)`` for ``*`` (everything) and each label, sorted."""
+    text = np.asarray(labels).astype(str)
+    return [(ALL, np.ones(text.size, dtype=bool))] + [(n, text == n) for n in np.unique(text).tolist()]
+
+
+def _bootstrap_ratios(request: np.ndarray, numerators: np.ndarray, denominator: np.ndarray,
+                      ratio_pairs: list[tuple[int, int]], *, n_bootstrap: int,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Point values and 95% percentile intervals of sum(num)/sum(den) per column, plus
+    ratios of two numerator sums, resampling requests with replacement.
+
+    Returns ``values [m + r]`` and ``ci [2, m + r]``.
+    """
+    codes, inv = np.unique(request, return_inverse=True)
+    r = codes.size
+    sums = np.stack([np.bincount(inv, weights=col, minlength=r) for col in numerators.T], axis=1)
+    den = np.bincount(inv, weights=denominator, minlength=r)
+
+    def stats(num: np.ndarray, d: np.ndarray) -> np.ndarray:
+        with np.errstate(invalid="ignore", divide="ignore"):
+            means = num / d[..., None]
+            ratios = [num[..., i] / num[..., j] for i, j in ratio_pairs]
+        return np.concatenate([means, np.stack(ratios, axis=-1)], axis=-1) if ratios else means
+
+    values = stats(sums.sum(axis=0), np.asarray(den.sum()))
+    if n_bootstrap <= 0 or r < 2:
+        return values, np.stack([values, values])
+    weights = rng.multinomial(r, np.full(r, 1.0 / r), size=n_bootstrap).astype(np.float64)  # [B, R]
+    boot = stats(weights @ sums, weights @ den)
+    return values, np.nanpercentile(boot, [2.5, 97.5], axis=0)
+
+
+def summarize(
+    request: np.ndarray,
+    workload: np.ndarray,
+    *,
+    acc_len: np.ndarray,
+    window: np.ndarray,
+    censored: np.ndarray,
+    lo: np.ndarray,
+    mid: np.ndarray,
+    hi: np.ndarray,
+    n_bootstrap: int = 1000,
+    seed: int = 0,
+) -> list[dict]:
+    """One row per workload and one for all (``*``): means and request-level bootstrap CIs.
+
+    ``request`` identifies the resampling unit (a request id or code) of each
+    step; the bootstrap draws requests with replacement, ``n_bootstrap`` times,
+    from ``numpy.random.default_rng([seed, group ordinal])``.
+    """
+    request = np.asarray(request)
+    if request.size == 0:
+        return []
+    num = np.stack([acc_len, mid + 1.0, lo + 1.0, hi + 1.0, window, censored], axis=1).astype(np.float64)
+    rows = []
+    for ordinal, (name, mask) in enumerate(_groups(workload)):
+        if not mask.any():
+            continue
+        rng = np.random.default_rng([seed, ordinal])
+        # columns: 0 acc_len, 1 mid, 2 lo, 3 hi, 4 window, 5 censored; ratios acc/mid, acc/hi, acc/lo
+        val, ci = _bootstrap_ratios(request[mask], num[mask], np.ones(int(mask.sum())),
+                                    [(0, 1), (0, 3), (0, 2)], n_bootstrap=n_bootstrap, rng=rng)
+        row = {
+            "workload": name,
+            "requests": int(np.unique(request[mask]).size),
+            "steps": int(mask.sum()),
+            "censored_steps": int(np.asarray(censored)[mask].sum()),
+            "censored_share": float(val[5]),
+            "mean_window": float(val[4]),
+            "n_bootstrap": int(n_bootstrap),
+        }
+        for col, i in (("mean_acc_len", 0), ("ceiling_len_mid", 1), ("ceiling_len_lo", 2),
+                       ("ceiling_len_hi", 3), ("utilisation", 6)):
+            row[col], row[f"{col}_ci95_low"], row[f"{col}_ci95_high"] = (
+                float(val[i]), float(ci[0, i]), float(ci[1, i]))
+        row["utilisation_at_hi"], row["utilisation_at_lo"] = float(val[7]), float(val[8])
+        rows.append(row)
+    return rows
+
+
+def equal_count_bins(values: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
+    """Bin index (0..n_bins-1) of each value: sorted by value (stable), split into
+    ``n_bins`` groups whose sizes differ by at most one.
+
+    SGLang's analyzer cuts chunks of ``len // 8`` and keeps a remainder chunk (so
+    up to 9 bins); equal splitting keeps exactly 8 and no tiny last bin.
+    """
+    values = np.asarray(values)
+    order = np.argsort(values, kind="stable")
+    out = np.empty(values.size, dtype=np.int64)
+    n_bins = max(1, min(n_bins, values.size))
+    for b, part in enumerate(np.array_split(order, n_bins)):
+        out[part] = b
+    return out
+
+
+def _stats(lo, mid, hi, truth, emu, mask) -> dict:
+    has_t = mask & ~np.isnan(truth)
+    has_e = mask & ~np.isnan(emu)
+    row: dict = {"n": int(has_t.sum()), "emu_n": int(has_e.sum())}
+    sel = has_t if has_t.any() else has_e
+    for col, arr in (("mean_lo", lo), ("mean_mid", mid), ("mean_hi", hi)):
+        row[col] = float(arr[sel].mean()) if sel.any() else None
+    if has_t.any():
+        t = truth[has_t]
+        row.update(mean_truth=float(t.mean()), bias=float((mid[has_t] - t).mean()),
+                   mae=float(np.abs(mid[has_t] - t).mean()),
+                   coverage=float(((lo[has_t] <= t + 1e-9) & (t <= hi[has_t] + 1e-9)).mean()))
+    if has_e.any():
+        e = emu[has_e]
+        row.update(mean_emu_expected=float(e.mean()), emu_bias=float((mid[has_e] - e).mean()),
+                   emu_mae=float(np.abs(mid[has_e] - e).mean()),
+                   emu_coverage=float(((lo[has_e] <= e + 1e-6) & (e <= hi[has_e] + 1e-6)).mean()))
+    return row
+
+
+def validate(
+    lo: np.ndarray,
+    mid: np.ndarray,
+    hi: np.ndarray,
+    truth: np.ndarray,
+    *,
+    censored: np.ndarray,
+    category: np.ndarray,
+    workload: np.ndarray,
+    greedy: np.ndarray,
+    emu_expected: np.ndarray | None = None,
+    n_bins: int = N_BINS,
+) -> list[dict]:
+    """Bias and MAE of ``mid`` against ``truth``, coverage of ``[lo, hi]``, per group.
+
+    ``truth`` is the realised full-block acceptance (NaN where unknown);
+    ``emu_expected`` the emulator's expectation given the drafts (NaN / None on
+    real servers), the per-step target of the estimate under sampling.  Groups
+    (``group_kind``): ``all_steps`` (every step), and over censored steps:
+    ``overall``, ``sampling`` (greedy / temperature), ``category``,
+    ``workload``, and ``bin`` — ``n_bins`` equal-count bins of ``mid``
+    (SGLang's analyzer: per bin mean mid, lo, hi, truth and n).
+    """
+    lo, mid, hi = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi))
+    truth = np.asarray(truth, dtype=np.float64)
+    emu = np.full(lo.shape, np.nan) if emu_expected is None else np.asarray(emu_expected, dtype=np.float64)
+    censored = np.asarray(censored, dtype=bool)
+    emu = np.where(censored, emu, np.nan)  # the expectation is the target only where the ceiling was hidden
+    if not (~np.isnan(truth) | ~np.isnan(emu)).any():
+        return []
+    known = ~np.isnan(truth) | ~np.isnan(emu)
+    base = censored & known
+    rows = [{"group_kind": "all_steps", "group": ALL, **_stats(lo, mid, hi, truth, emu, known)},
+            {"group_kind": "overall", "group": ALL, **_stats(lo, mid, hi, truth, emu, base)}]
+    sampling = np.where(np.asarray(greedy, dtype=bool), "greedy", "temperature")
+    for kind, labels in (("sampling", sampling), ("category", np.asarray(category, dtype=object)),
+                         ("workload", np.asarray(workload, dtype=object))):
+        for name, mask in _groups(labels)[1:]:
+            if (mask & base).any():
+                rows.append({"group_kind": kind, "group": name, **_stats(lo, mid, hi, truth, emu, mask & base)})
+    idx = np.flatnonzero(base)
+    if idx.size:
+        bins = equal_count_bins(mid[idx], n_bins)
+        for b in range(int(bins.max()) + 1):
+            mask = np.zeros(lo.size, dtype=bool)
+            mask[idx[bins == b]] = True
+            rows.append({"group_kind": "bin", "group": str(b), "bin": b, **_stats(lo, mid, hi, truth, emu, mask)})
+    return rows

@@ -1,0 +1,195 @@
+"""The block-accept walk: align trimmed drafts with the committed output and bound the ceiling.
+
+A request-step drafted ``gamma`` tokens ``d_1..d_gamma`` after its anchor; the
+target checked the first ``w = verify_len - 1`` and accepted ``correct_drafts``.
+The step is **censored** when ``correct_drafts == w < gamma``: what a full-block
+verify would have accepted (the *ceiling*, 0..gamma drafts) is unknown.  The
+committed output tells part of it: draft ``d_k`` sits at output position
+``first_pos + k - 1`` (``first_pos = prefix_len - prompt_tokens + 1``; output
+position 0 comes from prefill), and later steps committed a token there.
+
+The walk (SGLang's ``dspark_block_accept_estimator``, offsets ``k = w+1..gamma``)
+compares each trimmed draft with the realised token while the two agree.  It
+ends in one of SGLang's analyzer categories:
+
+``exact_in_window``          not censored: the ceiling is ``correct_drafts``.
+``censored_resolved_exact``  the walk reached ``gamma`` (or diverged exactly at
+                             ``gamma``): nothing is left unverifiable.
+``censored_diverged``        the realised token differs from ``d_m`` at ``m < gamma``;
+                             drafts after ``m`` were drafted on a prefix the
+                             output never took, so their acceptance is unknown.
+``censored_eos``             the output ended naturally (finish reason ``stop``)
+                             before the walk did: drafts past the end are rejected.
+``censored_at_end``          the output ended otherwise (length cut, abort, or the
+                             tokens are missing): the rest is unknown.
+
+Per walked draft an acceptance factor ``a_k`` (probability that a full verify
+accepts ``d_k`` given ``d_1..d_{k-1}`` were accepted) gives
+``extra = sum_k prod_{i<=k} a_i`` and the ceiling ``w + extra`` plus, for the
+unverifiable rest, at most ``prod * (#unverifiable offsets)``.  How ``a_k`` is
+known — exactly, bounded, or estimated — is the caller's choice
+(:func:`ceiling_from_factors`); :func:`walk_blocks` only finds where the walk goes.
+
+Assumption (SGLang's): the realised tokens up to the walk's position are what
+the untrimmed trajectory would have seen, so the target's distribution at a
+walked position is the one a full verify would have used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "CATEGORIES", "EXACT_IN_WINDOW", "RESOLVED_EXACT", "DIVERGED", "EOS", "AT_END",
+    "Walk", "walk_blocks", "ceiling_from_factors", "sglang_interval",
+]
+
+CATEGORIES = ("exact_in_window", "censored_resolved_exact", "censored_diverged",
+              "censored_eos", "censored_at_end")
+"""Category names by code (SGLang's block-accept analyzer vocabulary)."""
+EXACT_IN_WINDOW, RESOLVED_EXACT, DIVERGED, EOS, AT_END = range(5)
+NO_TOKEN = -1
+"""``realised`` value for a position the output does not hold."""
+
+
+@dataclass(frozen=True)
+class Walk:
+    """Where the walk of each request-step went; arrays of ``n`` rows, ``[n, gamma]`` masks.
+
+    Column ``j`` of a mask is draft offset ``k = j + 1``.
+    """
+
+    gamma: int
+    window: np.ndarray          # [n] int, drafts verified (verify_len - 1)
+    correct: np.ndarray         # [n] int, accepted within the window
+    censored: np.ndarray        # [n] bool
+    category: np.ndarray        # [n] int8, index into CATEGORIES
+    walked: np.ndarray          # [n, gamma] bool: trimmed draft compared with a realised token
+    matched: np.ndarray         # [n, gamma] bool: walked and equal to the realised token
+    unverifiable: np.ndarray    # [n, gamma] bool: trimmed drafts the output cannot speak for
+    stop_offset: np.ndarray     # [n] int: offset where the walk stopped (diverged / ran out), 0 if none
+
+    @property
+    def n_walked(self) -> np.ndarray:
+        """Trimmed drafts compared with the output, per step."""
+        return self.walked.sum(axis=1)
+
+    @property
+    def tail_count(self) -> np.ndarray:
+        """Unverifiable offsets per step: ``gamma - m`` after a divergence at ``m``,
+        ``gamma - o + 1`` when the output ran out at ``o`` (0 at EOS)."""
+        return self.unverifiable.sum(axis=1)
+
+
+def walk_blocks(
+    drafts: np.ndarray,
+    window: np.ndarray,
+    correct: np.ndarray,
+    realised: np.ndarray,
+    natural_end: np.ndarray,
+) -> Walk:
+    """Walk every censored step's trimmed drafts along the committed output.
+
+    Parameters
+    ----------
+    drafts : int array [n, gamma]
+        The drafted tokens ``d_1..d_gamma`` of each request-step.
+    window, correct : int arrays [n]
+        ``verify_len - 1`` and ``correct_drafts``; ``0 <= correct <= window <= gamma``.
+    realised : int array [n, gamma]
+        The committed token at each draft's output position, ``-1`` where the
+        output holds none (past its end, or tokens not collected).
+    natural_end : bool array [n]
+        The request's output ended naturally (EOS / stop), so positions past its
+        end can accept nothing.
+
+    >>> w = walk_blocks(np.array([[5, 6, 7, 8]]), np.array([1]), np.array([1]),
+    ...                 np.array([[5, 6, 9, 8]]), np.array([False]))
+    >>> CATEGORIES[w.category[0]], w.walked[0].tolist(), w.unverifiable[0].tolist()
+    ('censored_diverged', [False, True, True, False], [False, False, False, True])
+    """
+    drafts = np.asarray(drafts)
+    n, gamma = drafts.shape
+    window = np.asarray(window, dtype=np.int64)
+    correct = np.asarray(correct, dtype=np.int64)
+    realised = np.asarray(realised)
+    natural_end = np.asarray(natural_end, dtype=bool)
+    offset = np.arange(1, gamma + 1)[None, :]
+
+    censored = (correct == window) & (window < gamma)
+    tail = censored[:, None] & (offset > window[:, None])
+    avail = realised != NO_TOKEN
+    eq = avail & (drafts == realised)
+    # The walk reaches offset k when every tail offset before k matched.
+    passed = np.where(tail, eq, True)
+    reach = np.ones_like(tail)
+    if gamma > 1:
+        reach[:, 1:] = np.logical_and.accumulate(passed, axis=1)[:, :-1]
+    reach &= tail
+    walked = reach & avail
+    diverged = walked & ~eq
+    ran_out = reach & ~avail
+    div_off = np.where(diverged.any(axis=1), diverged.argmax(axis=1) + 1, 0)
+    out_off = np.where(ran_out.any(axis=1), ran_out.argmax(axis=1) + 1, 0)
+
+    category = np.full(n, EXACT_IN_WINDOW, dtype=np.int8)
+    category[censored] = RESOLVED_EXACT
+    category[censored & (div_off > 0) & (div_off < gamma)] = DIVERGED
+    category[censored & (out_off > 0) & natural_end] = EOS
+    category[censored & (out_off > 0) & ~natural_end] = AT_END
+    unverifiable = (((category == DIVERGED)[:, None] & (offset > div_off[:, None]))
+                    | ((category == AT_END)[:, None] & (offset >= out_off[:, None])))
+    return Walk(gamma=gamma, window=window, correct=correct, censored=censored, category=category,
+                walked=walked, matched=walked & eq, unverifiable=unverifiable,
+                stop_offset=np.maximum(div_off, out_off))
+
+
+def _chain(walk: Walk, factors: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``sum_k prod_{i<=k} f_i`` and ``prod f_i`` over the (contiguous) offsets in ``mask``."""
+    f = np.where(mask, factors, 1.0)
+    cum = np.cumprod(f, axis=1)
+    return np.where(mask, cum, 0.0).sum(axis=1), cum[:, -1]
+
+
+def ceiling_from_factors(
+    walk: Walk,
+    a: np.ndarray,
+    *,
+    tail: np.ndarray | float = 1.0,
+) -> np.ndarray:
+    """Full-block accepted drafts implied by per-offset acceptance factors.
+
+    ``a`` [n, gamma] is used on walked offsets; ``tail`` ([n, gamma] or a
+    scalar) on unverifiable offsets, chained after the walk:
+    ``w + sum_walked prod a + prod_walked a * sum_unverifiable prod tail``.
+    ``tail=1`` gives the largest value the walk allows (every unverifiable draft
+    accepted); ``tail=0`` the smallest.  Steps that are not censored give
+    ``correct_drafts``.
+
+    >>> w = walk_blocks(np.array([[5, 6, 7]]), np.array([1]), np.array([1]),
+    ...                 np.array([[5, 8, -1]]), np.array([False]))
+    >>> float(ceiling_from_factors(w, np.full((1, 3), 0.5))[0])  # 1 + 0.5 + 0.5 * 1
+    2.0
+    """
+    extra, prod = _chain(walk, np.asarray(a, dtype=np.float64), walk.walked)
+    tail = np.broadcast_to(np.asarray(tail, dtype=np.float64), walk.walked.shape)
+    rest, _ = _chain(walk, tail, walk.unverifiable)
+    value = walk.window + extra + prod * rest
+    return np.where(walk.censored, value, walk.correct).astype(np.float64)
+
+
+def sglang_interval(walk: Walk, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """SGLang's interval rule, in drafts: ``(lo, mid, hi)`` with ``mid = (lo + hi) / 2``.
+
+    ``lo = w + sum_k prod_{i<=k} a_i`` over the walked offsets;
+    ``hi = lo + prod * (gamma - m)`` after a divergence at ``m < gamma``,
+    ``lo + prod * (gamma - o + 1)`` when the output ran out at ``o`` without
+    EOS, ``lo`` otherwise — as ``_finalize_walk_online`` / ``_finalize_at_end_online``
+    and the analyzer's ``evaluate_block`` (which add 1 for the bonus token).
+    """
+    lo = ceiling_from_factors(walk, a, tail=0.0)
+    _, prod = _chain(walk, np.asarray(a, dtype=np.float64), walk.walked)
+    hi = np.where(walk.censored, lo + prod * walk.tail_count, lo)
+    return lo, 0.5 * (lo + hi), hi

@@ -1,0 +1,347 @@
+"""Tests for the block-accept (ceiling) estimator's pure functions.
+
+Hand-computed cases for every category and for the greedy / temperature rules,
+SGLang's interval rule against a line-by-line port of its analyzer, invariances,
+empty inputs and input errors.  The store / CLI layer is in test_ceiling_run.py,
+the emulator acceptance criteria in test_ceiling_emulator.py, and real-SGLang
+sampling semantics in test_ceiling_sampling.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from dspark_obs.estimators.ceiling import estimate_ceiling
+from dspark_obs.estimators.ceiling_evidence import (
+    Evidence, check_alignment, draft_evidence, token_index,
+)
+from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
+from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model
+from dspark_obs.estimators.ceiling_stats import equal_count_bins, summarize, validate
+from dspark_obs.estimators.ceiling_walk import CATEGORIES, sglang_interval, walk_blocks
+
+NAN = math.nan
+G = 4  # gamma of the hand-computed cases
+
+
+def _raw_head(gamma: int = G) -> AcceptanceModel:
+    """A model that returns the head's confidence unchanged (for hand computation)."""
+    return AcceptanceModel(gamma=gamma, draft_coef=None, prior_coef={True: None, False: None},
+                           base_rate={True: 0.5, False: 0.5}, n_train={True: 0, False: 0})
+
+
+def _ev(realised, p_draft=None) -> Evidence:
+    realised = np.atleast_2d(np.asarray(realised, dtype=np.int64))
+    p = np.full(realised.shape, NAN) if p_draft is None else np.atleast_2d(np.asarray(p_draft, dtype=float))
+    return Evidence(realised=realised, p_draft=p, p_topk=np.full(realised.shape, NAN),
+                    topk_state=np.zeros(realised.shape, np.int8))
+
+
+def _one(drafts, window, correct, realised, *, greedy=True, eos=False, conf=None, p=None, q=None,
+         method="default"):
+    est = estimate_ceiling(np.array([drafts]), np.array([window]), np.array([correct]), _ev(realised, p),
+                           greedy=np.array([greedy]), natural_end=np.array([eos]),
+                           confidence=None if conf is None else np.array([conf]),
+                           q_draft=None if q is None else np.array([q]), method=method, model=_raw_head())
+    return est.category[0], float(est.lo[0]), float(est.mid[0]), float(est.hi[0])
+
+
+# -- categories and the greedy rule ------------------------------------------------------
+
+D = [5, 6, 7, 8]
+
+
+def test_uncensored_step_is_exact_in_window():
+    assert _one(D, 3, 1, [5, 9, -1, -1]) == ("exact_in_window", 1.0, 1.0, 1.0)
+    assert _one(D, 4, 4, [5, 6, 7, 8]) == ("exact_in_window", 4.0, 4.0, 4.0)  # full window: nothing hidden
+
+
+def test_greedy_tail_matching_to_gamma_is_resolved_exact():
+    assert _one(D, 1, 1, [5, 6, 7, 8]) == ("censored_resolved_exact", 4.0, 4.0, 4.0)
+
+
+def test_greedy_divergence_rejects_the_draft_and_ends_the_block():
+    # d_2 equals the realised token (accepted), d_3 does not (rejected): exactly 2.
+    assert _one(D, 1, 1, [5, 6, 9, 8]) == ("censored_diverged", 2.0, 2.0, 2.0)
+
+
+def test_divergence_at_gamma_counts_as_resolved_like_sglang():
+    assert _one(D, 1, 1, [5, 6, 7, 9]) == ("censored_resolved_exact", 3.0, 3.0, 3.0)
+
+
+def test_window_zero_is_censored():
+    assert _one(D, 0, 0, [5, 9, 7, 8]) == ("censored_diverged", 1.0, 1.0, 1.0)
+
+
+def test_greedy_eos_accepts_nothing_past_the_end():
+    # Output ends after d_2's position with EOS: hi = lo.
+    assert _one(D, 1, 1, [5, 6, -1, -1], eos=True) == ("censored_eos", 2.0, 2.0, 2.0)
+
+
+def test_greedy_length_cut_leaves_an_interval_up_to_gamma():
+    cat, lo, mid, hi = _one(D, 1, 1, [5, 6, -1, -1], eos=False, conf=[0.9, 0.8, 0.5, 0.4])
+    assert (cat, lo, hi) == ("censored_at_end", 2.0, 4.0)
+    assert mid == pytest.approx(2 + 0.5 + 0.5 * 0.4)  # the head's conditional confidences for d_3, d_4
+
+
+def test_missing_tokens_are_at_end_not_eos():
+    assert _one(D, 2, 2, [-1, -1, -1, -1], eos=False)[0] == "censored_at_end"
+
+
+# -- temperature rules ------------------------------------------------------------------------
+
+P = [NAN, 0.5, 0.4, 0.3]
+Q = [NAN, 0.5, 0.8, 0.6]   # a_2 = 1, a_3 = 0.5, a_4 = 0.5
+
+
+def test_sglang_rule_with_known_p_and_q():
+    # walk: d_2 matches (a=1: extra 1), d_3 diverges (a=.5: prod .5, extra 1.5); tail .5 * (4 - 3)
+    cat, lo, mid, hi = _one(D, 1, 1, [5, 6, 9, 8], greedy=False, p=P, q=Q, method="sglang")
+    assert (cat, lo, hi, mid) == ("censored_diverged", 2.5, 3.0, 2.75)
+
+
+def test_default_with_known_q_keeps_sglang_bounds_and_uses_the_head_for_the_tail():
+    cat, lo, mid, hi = _one(D, 1, 1, [5, 6, 9, 8], greedy=False, p=P, q=Q, conf=[0.9, 0.8, 0.7, 0.6])
+    assert (lo, hi) == (2.5, 3.0)
+    assert mid == pytest.approx(2.5 + 0.5 * 0.6)
+
+
+def test_sglang_rule_at_end_and_eos():
+    # Output ends after d_2 (matched, a=1): at end tail = prod * (4 - 3 + 1); at EOS hi = lo.
+    assert _one(D, 1, 1, [5, 6, -1, -1], greedy=False, p=P, q=Q, method="sglang") == (
+        "censored_at_end", 2.0, 3.0, 4.0)
+    assert _one(D, 1, 1, [5, 6, -1, -1], greedy=False, p=P, q=Q, eos=True, method="sglang") == (
+        "censored_eos", 2.0, 2.0, 2.0)
+
+
+def test_sglang_rule_without_q_uses_the_confidence_as_acceptance():
+    cat, lo, mid, hi = _one(D, 1, 1, [5, 6, 7, 8], greedy=False, conf=[0.9, 0.8, 0.5, 0.5], method="sglang")
+    assert lo == hi == pytest.approx(1 + 0.8 + 0.4 + 0.2)
+
+
+def test_default_without_q_bounds_hold_for_any_drafter():
+    # p(d_2) = .5 known (realised), d_3 diverges with p unknown: a_2 in [.5, 1], a_3 in [0, 1].
+    cat, lo, mid, hi = _one(D, 1, 1, [5, 6, 9, 8], greedy=False, p=[NAN, 0.5, NAN, NAN],
+                            conf=[0.9, 0.8, 0.3, 0.6])
+    assert cat == "censored_diverged"
+    assert lo == pytest.approx(1 + 0.5)                  # d_3 may be rejected for sure
+    assert hi == pytest.approx(4.0)                      # q unknown: every draft may be accepted
+    # mid: a_2 = c_2 = .8 (>= p), a_3 = c_3 = .3, then d_4 with c_4 = .6 after the divergence
+    assert mid == pytest.approx(1 + 0.8 + 0.8 * 0.3 + 0.8 * 0.3 * 0.6)
+
+
+def test_default_mid_never_below_the_target_probability():
+    # A head that says .2 for a draft the target gives .9: a = min(1, p/q) >= p = .9.
+    _, lo, mid, hi = _one(D, 3, 3, [5, 6, 7, 8], greedy=False, p=[NAN, NAN, NAN, 0.9], conf=[0.9] * 3 + [0.2])
+    assert lo == pytest.approx(3.9) and mid == pytest.approx(3.9) and hi == 4.0
+
+
+# -- SGLang fidelity: the analyzer's evaluate_block, ported line by line --------------------
+
+def _analyzer(drafts, realised, a, w, gamma, eos):
+    """SGLang's block-accept analyzer ``evaluate_block`` (acc_len units), one block."""
+    base, prod, lo_extra, tail, category = w + 1.0, 1.0, 0.0, 0.0, "censored_resolved_exact"
+    for offset in range(w + 1, gamma + 1):
+        if realised[offset - 1] < 0:  # no pg entry for this offset
+            category = "censored_eos" if eos else "censored_at_end"
+            tail = 0.0 if eos else prod * (gamma - offset + 1)
+            break
+        prod *= a[offset - 1]
+        lo_extra += prod
+        if drafts[offset - 1] != realised[offset - 1]:
+            if offset < gamma:
+                category, tail = "censored_diverged", prod * (gamma - offset)
+            break
+    return base + lo_extra, base + lo_extra + tail, category
+
+
+def test_sglang_interval_matches_the_analyzer_on_random_blocks():
+    rng = np.random.default_rng(3)
+    n, gamma = 3000, 6
+    drafts = rng.integers(0, 3, size=(n, gamma))
+    realised = np.where(rng.random((n, gamma)) < 0.7, drafts, rng.integers(0, 3, size=(n, gamma)))
+    cut = rng.integers(0, gamma + 3, size=n)            # the output ends somewhere (or not)
+    realised = np.where(np.arange(gamma)[None] >= cut[:, None], -1, realised)
+    window = rng.integers(0, gamma, size=n)
+    eos = rng.random(n) < 0.5
+    a = rng.random((n, gamma))
+    walk = walk_blocks(drafts, window, window, realised, eos)
+    lo, mid, hi = sglang_interval(walk, a)
+    for i in range(n):
+        ref_lo, ref_hi, ref_cat = _analyzer(drafts[i], realised[i], a[i], window[i], gamma, eos[i])
+        assert (lo[i] + 1, hi[i] + 1, CATEGORIES[walk.category[i]]) == pytest.approx((ref_lo, ref_hi, ref_cat)), i
+        assert mid[i] == pytest.approx((lo[i] + hi[i]) / 2)
+
+
+# -- invariances -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["default", "sglang"])
+def test_invariances_on_random_steps(method):
+    rng = np.random.default_rng(7)
+    n, gamma = 2000, 6
+    drafts = rng.integers(0, 4, size=(n, gamma))
+    window = rng.integers(0, gamma + 1, size=n)
+    correct = np.minimum(window, rng.integers(0, gamma + 1, size=n))
+    realised = np.where(rng.random((n, gamma)) < 0.6, drafts, rng.integers(0, 4, size=(n, gamma)))
+    realised = np.where(rng.random((n, gamma)) < 0.1, -1, realised)
+    p = np.where(rng.random((n, gamma)) < 0.5, rng.random((n, gamma)), NAN)
+    q = np.where(rng.random((n, gamma)) < 0.3, rng.random((n, gamma)), NAN)
+    ev = Evidence(realised=realised, p_draft=p, p_topk=np.where(rng.random((n, gamma)) < .5, p, NAN),
+                  topk_state=rng.integers(0, 3, size=(n, gamma)).astype(np.int8))
+    greedy = rng.random(n) < 0.3
+    est = estimate_ceiling(drafts, window, correct, ev, greedy=greedy, natural_end=rng.random(n) < .5,
+                           confidence=rng.random((n, gamma)), q_draft=q, method=method)
+    assert np.all(est.lo <= est.mid + 1e-12) and np.all(est.mid <= est.hi + 1e-12)
+    assert np.all(est.lo >= 0) and np.all(est.hi <= gamma)
+    unc = ~est.walk.censored
+    assert np.array_equal(est.lo[unc], correct[unc]) and np.array_equal(est.hi[unc], correct[unc])
+    assert np.all(est.lo[est.walk.censored] >= window[est.walk.censored])   # the window was accepted
+    exact = greedy & (est.walk.category != CATEGORIES.index("censored_at_end"))
+    assert np.array_equal(est.lo[exact], est.hi[exact])                      # greedy is exact inside the output
+
+
+def test_empty_input_gives_empty_results():
+    ev = _ev(np.zeros((0, G), dtype=np.int64))
+    est = estimate_ceiling(np.zeros((0, G), np.int64), np.zeros(0), np.zeros(0), ev, greedy=np.zeros(0, bool),
+                           natural_end=np.zeros(0, bool))
+    assert est.lo.shape == est.mid.shape == est.hi.shape == (0,)
+    assert summarize(np.zeros(0), np.zeros(0), acc_len=np.zeros(0), window=np.zeros(0), censored=np.zeros(0, bool),
+                     lo=np.zeros(0), mid=np.zeros(0), hi=np.zeros(0)) == []
+    assert validate(np.zeros(0), np.zeros(0), np.zeros(0), np.zeros(0), censored=np.zeros(0, bool),
+                    category=np.zeros(0), workload=np.zeros(0), greedy=np.zeros(0, bool)) == []
+    assert token_index(np.zeros(0), np.zeros(0), np.zeros(0)).find(np.array([0]), np.array([0]))[1].tolist() == [False]
+
+
+# -- input errors --------------------------------------------------------------------------------
+
+def test_bad_inputs_name_the_problem():
+    ev = _ev([[5, 6, 7, 8]])
+    kw = dict(greedy=np.array([True]), natural_end=np.array([False]))
+    with pytest.raises(ValueError, match=r"0 <= correct_drafts <= window <= gamma=4.*correct_drafts=3, window=2"):
+        estimate_ceiling(np.array([D]), np.array([2]), np.array([3]), ev, **kw)
+    with pytest.raises(ValueError, match=r"method 'best' is not one of default, sglang"):
+        estimate_ceiling(np.array([D]), np.array([2]), np.array([1]), ev, method="best", **kw)
+    with pytest.raises(ValueError, match=r"drafts must be a 2-D array"):
+        estimate_ceiling(np.array(D), np.array([2]), np.array([1]), ev, **kw)
+    with pytest.raises(ValueError, match=r"confidence has shape \(1, 3\), expected \(1, 4\)"):
+        estimate_ceiling(np.array([D]), np.array([2]), np.array([1]), ev, confidence=np.ones((1, 3)), **kw)
+    with pytest.raises(ValueError, match=r"holds a \(rid, pos\) twice"):
+        token_index(np.array([0, 0]), np.array([3, 3]), np.array([1, 2]))
+    with pytest.raises(ValueError, match=r"must be >= 0"):
+        token_index(np.array([0]), np.array([-1]), np.array([1]))
+
+
+# -- evidence: positions, the prefill token, top-k, alignment --------------------------------
+
+def _tokens():
+    # request 0: output positions 0..5 (0 = the prefill token), top-2 at every position
+    ids = np.array([100, 11, 12, 13, 14, 2])
+    top = np.stack([ids, ids + 1000], axis=1)
+    top_lp = np.log(np.tile([0.6, 0.3], (6, 1)))
+    return token_index(np.zeros(6), np.arange(6), ids, logprob=np.log(np.full(6, 0.6)), top_ids=top,
+                       top_logprobs=top_lp)
+
+
+def test_first_draft_sits_after_the_prefill_token():
+    # First decode step: prefix_len = prompt_tokens, so first_pos = 1 (position 0 is the prefill token).
+    ev = draft_evidence(_tokens(), np.array([0]), np.array([1]), np.array([[11, 1012, 77, 1014]]))
+    assert ev.realised.tolist() == [[11, 12, 13, 14]]
+    assert ev.topk_state.tolist() == [[1, 1, 2, 1]]            # 1012, 1014 are in the top-2; 77 is not
+    np.testing.assert_allclose(ev.p_draft, [[0.6, 0.3, NAN, 0.3]])
+    np.testing.assert_allclose(ev.p_topk, [[0.6, 0.3, NAN, 0.3]])
+
+
+def test_positions_past_the_output_and_unknown_requests_have_no_token():
+    ev = draft_evidence(_tokens(), np.array([0, -1]), np.array([4, 1]), np.array([[14, 2, 5, 5]] * 2))
+    assert ev.realised.tolist() == [[14, 2, -1, -1], [-1, -1, -1, -1]]
+
+
+def test_alignment_check_catches_a_shifted_prompt_length():
+    drafts = np.array([[11, 12, 50, 50]])
+    good = draft_evidence(_tokens(), np.array([0]), np.array([1]), drafts)
+    shifted = draft_evidence(_tokens(), np.array([0]), np.array([2]), drafts)
+    assert check_alignment(good, drafts, np.array([2]), np.array([13])).tolist() == [1]
+    assert check_alignment(shifted, drafts, np.array([2]), np.array([13])).tolist() == [-1]
+
+
+# -- acceptance model ------------------------------------------------------------------------
+
+def test_acceptance_model_recovers_an_over_confident_head():
+    rng = np.random.default_rng(0)
+    n, gamma = 6000, 4
+    c_true = rng.uniform(0.2, 0.95, size=(n, gamma))
+    head = 1 / (1 + np.exp(-(np.log(c_true / (1 - c_true)) / 0.6)))   # over-confident, T = 0.6
+    accepted = rng.random((n, gamma)) < c_true
+    correct = np.cumprod(accepted, axis=1).sum(axis=1)
+    model = fit_acceptance_model(head, np.full(n, gamma), correct, np.zeros(n, bool),
+                                 p_topk=np.full((n, gamma), NAN), topk_state=np.zeros((n, gamma), np.int8))
+    fitted = model.prior(head, np.zeros(n, bool))
+    assert np.abs(fitted - c_true).mean() < 0.5 * np.abs(head - c_true).mean()
+
+
+def test_acceptance_model_without_data_keeps_the_head():
+    model = fit_acceptance_model(np.full((3, 2), 0.7), np.zeros(3), np.zeros(3), np.zeros(3, bool),
+                                 p_topk=np.full((3, 2), NAN), topk_state=np.zeros((3, 2), np.int8))
+    assert model.prior_coef[False] is None
+    np.testing.assert_allclose(model.prior(np.array([[0.7, NAN]]), np.array([False])), [[0.7, 0.5]])
+
+
+# -- summaries ------------------------------------------------------------------------------
+
+def test_equal_count_bins_have_sizes_within_one():
+    bins = equal_count_bins(np.random.default_rng(1).random(1003))
+    sizes = np.bincount(bins)
+    assert len(sizes) == 8 and sizes.max() - sizes.min() <= 1
+    assert equal_count_bins(np.array([3.0, 1.0, 2.0]), 8).tolist() == [2, 0, 1]
+
+
+def test_summary_means_ratio_and_seeded_bootstrap():
+    req = np.array([0, 0, 1, 1, 2])
+    kw = dict(acc_len=np.array([2, 4, 1, 3, 5.0]), window=np.array([2, 3, 1, 2, 4]),
+              censored=np.array([True, False, False, True, True]), lo=np.array([1, 3, 0, 2, 4.0]),
+              mid=np.array([2, 3, 0, 2, 5.0]), hi=np.array([3, 3, 0, 2, 6.0]))
+    rows = summarize(req, np.array(["a", "a", "b", "b", "a"], dtype=object), seed=1, n_bootstrap=500, **kw)
+    assert [r["workload"] for r in rows] == ["*", "a", "b"]
+    star = rows[0]
+    assert star["mean_acc_len"] == pytest.approx(3.0) and star["ceiling_len_mid"] == pytest.approx(3.4)
+    assert star["utilisation"] == pytest.approx(15 / 17) and star["censored_share"] == pytest.approx(0.6)
+    assert star["ceiling_len_mid_ci95_low"] <= star["ceiling_len_mid"] <= star["ceiling_len_mid_ci95_high"]
+    again = summarize(req, np.array(["a", "a", "b", "b", "a"], dtype=object), seed=1, n_bootstrap=500, **kw)
+    assert again == rows
+
+
+def test_validation_groups_and_coverage():
+    rows = validate(np.array([1, 2, 0.0]), np.array([1.5, 2, 0.0]), np.array([2, 3, 0.0]), np.array([2, 4, 0.0]),
+                    censored=np.array([True, True, False]), category=np.array(["x", "y", "z"], dtype=object),
+                    workload=np.array(["w", "w", "w"], dtype=object), greedy=np.array([False, False, True]),
+                    emu_expected=np.array([1.8, 2.9, 0.0]))
+    overall = next(r for r in rows if r["group_kind"] == "overall")
+    assert overall["n"] == 2 and overall["coverage"] == 0.5 and overall["bias"] == pytest.approx(-1.25)
+    assert overall["emu_coverage"] == 1.0 and overall["emu_n"] == 2
+    assert {r["group"] for r in rows if r["group_kind"] == "bin"} == {"0", "1"}
+    assert next(r for r in rows if r["group_kind"] == "all_steps")["n"] == 3
+
+
+# -- SGLang JSONL -------------------------------------------------------------------------------
+
+def test_jsonl_gives_q_and_p_per_censored_step():
+    rows = [
+        {"rid": "r", "fct": 3, "w": 1, "cl": 1, "ct": 0, "trimmed_tokens": [7, 8, 9], "q_lp": [-0.1, -0.2, -0.3],
+         "pg": [[3, 2, -0.5, 7, 7]]},
+        {"rid": "r", "fct": 4, "w": 4, "cl": 2, "ct": 0, "pg": [[3, 3, -0.6, 8, 1]]},
+        {"rid": "r", "eos_end": [3]},
+    ]
+    t = logprobs_from_sglang_jsonl(rows, gamma=4).to_pylist()
+    assert len(t) == 1 and t[0]["forward_ct"] == 3
+    assert t[0]["q_logprob"][1:] == [-0.1, -0.2, -0.3] and math.isnan(t[0]["q_logprob"][0])
+    assert t[0]["p_logprob"][1:3] == [-0.5, -0.6] and math.isnan(t[0]["p_logprob"][3])
+
+
+def test_jsonl_errors_name_the_row():
+    with pytest.raises(ValueError, match=r"row 0 .*w=1 plus 2 q_lp values is not gamma=4"):
+        logprobs_from_sglang_jsonl([{"rid": "r", "fct": 1, "w": 1, "cl": 1, "q_lp": [0, 0]}], gamma=4)
+    with pytest.raises(ValueError, match=r"row 0: expected an object with 'rid'"):
+        logprobs_from_sglang_jsonl([[1, 2]], gamma=4)
