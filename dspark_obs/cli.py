@@ -7,14 +7,12 @@ turns library errors into a one-line message and exit code 2 (``_fail``).
 from __future__ import annotations
 
 import datetime as dt
-import re
 import signal
 import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 
 from dspark_obs import __version__
 
@@ -24,13 +22,10 @@ app = typer.Typer(
          "Start with `dspark-obs demo`.",
     no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
 )
-console = Console(stderr=True)
+from dspark_obs.console import console, fail as _fail  # noqa: E402
 MODES = ("static", "compact", "cap-accept")
 
 
-def _fail(message: str, code: int = 2) -> None:
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(code)
 
 
 def _version(value: bool) -> None:
@@ -63,7 +58,7 @@ def _parse_labels(labels: list[str]) -> dict[str, str]:
 def emulate(
     port: int = typer.Option(30000, help="Port to listen on."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; keep loopback unless you mean it."),
-    mode: str = typer.Option("compact", help="Verify mode, as SGLANG_RAGGED_VERIFY_MODE: static | compact | cap-accept."),
+    mode: str = typer.Option("compact", envvar="SGLANG_RAGGED_VERIFY_MODE", help="Verify mode: static | compact | cap-accept (default: $SGLANG_RAGGED_VERIFY_MODE, else compact)."),
     seed: int = typer.Option(0, help="Seed: same seed and prompts commit the same tokens in every mode."),
     gamma: int = typer.Option(6, help="Draft block size (speculative_dspark_block_size)."),
     dp_size: int = typer.Option(1, "--dp-size", help="DP ranks: one dspark_info_record payload per rank."),
@@ -100,97 +95,216 @@ def emulate(
     serve(cfg, host=host, port=port)
 
 
-@app.command()
+@app.command(context_settings={"allow_interspersed_args": False})
 def collect(
-    url: str = typer.Option(..., help="Base URL of the SGLang DSpark server, e.g. http://127.0.0.1:30000."),
-    out: Path = typer.Option(..., help="Data root of the Parquet store (created if missing)."),
-    run_id: Optional[str] = typer.Option(None, help="Run id (default: <mode>-<UTC time>). Letters, digits, '.', '_', '-'."),
+    server_command: Optional[list[str]] = typer.Argument(None, metavar="[-- SERVER COMMAND...]", help="Launch mode: start this server command as a child (after `--`), collect from it, stop it at the end."),
+    url: Optional[str] = typer.Option(None, help="Base URL of the SGLang DSpark server, e.g. http://127.0.0.1:30000. Launch mode: default from the command's --host/--port."),
+    out: str = typer.Option(..., help="Where the store lives: a directory (created if missing) or an object-store URL such as s3://bucket/prefix (pyarrow options in the query, e.g. ?endpoint_override=host:9000&scheme=http)."),
+    run_id: Optional[str] = typer.Option(None, help="Run id (default: run-<UTC time>). Letters, digits, '.', '_', '-'."),
     workload: Optional[str] = typer.Option(None, help="Drive traffic too: comma-separated workloads, e.g. gsm8k,arena-hard,poetry."),
     requests: int = typer.Option(90, help="With --workload: how many requests to send."),
     concurrency: int = typer.Option(32, help="With --workload: requests in flight."),
     temperature: float = typer.Option(0.0, help="With --workload: sampling temperature (0 = greedy)."),
     max_new_tokens: int = typer.Option(256, help="With --workload: output limit per request."),
     seed: int = typer.Option(0, help="With --workload: seed for prompts and per-request sampling_seed."),
+    api: str = typer.Option("generate", help="With --workload: generate (/generate) | openai or completions (/v1/completions) | chat (/v1/chat/completions); OpenAI requests set return_spec_tokens_details and logprobs."),
     poll_interval: float = typer.Option(1.0, help="Seconds between /server_info polls."),
     clear_at: int = typer.Option(2000, help="Clear the server's record deque once it holds this many records (each clear loses ~1 step, reported as a gap); 0 never clears."),
     flush_interval: float = typer.Option(5.0, help="Seconds between Parquet commits (the most a crash can lose)."),
-    duration: Optional[float] = typer.Option(None, help="Without --workload: stop after this many seconds (default: until Ctrl-C)."),
+    max_buffer_mb: float = typer.Option(256.0, help="Write backlog bound in MiB; beyond it batches are dropped, counted and recorded as write_backlog gaps (the poll loop never waits on disk)."),
+    duration: Optional[float] = typer.Option(None, help="Without --workload: stop after this many seconds (default: until Ctrl-C, or until a launched server exits)."),
     label: list[str] = typer.Option([], help="KEY=VALUE label stored on the run; repeatable."),
-    redact_text: bool = typer.Option(False, help="Store no prompt or output text."),
+    redact_text: bool = typer.Option(False, help="Store no prompt or output text (requests and dead letters)."),
+    metrics_port: Optional[int] = typer.Option(None, help="Serve the sidecar's own Prometheus metrics (dspark_obs:*) on this port (0 picks one)."),
+    metrics_host: str = typer.Option("127.0.0.1", help="Address for --metrics-port; keep loopback unless you mean it."),
+    writer_id: Optional[str] = typer.Option(None, help="Object-store output: id in every file name so sidecars write side by side (default <host>.<pid>)."),
+    estimator_jsonl: Optional[Path] = typer.Option(None, help="Launch mode: have the server write SGLang's block-accept estimator JSONL here (sets SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH and SGLANG_DSPARK_FOLDED_PROPOSAL=0) and import it into estimator_records at the end."),
+    startup_timeout: float = typer.Option(1800.0, help="Launch mode: seconds to wait for the server's /health."),
+    shutdown_timeout: float = typer.Option(30.0, help="Launch mode: seconds between forwarding SIGTERM/SIGINT and SIGKILL."),
+    server_log: Optional[Path] = typer.Option(None, help="Launch mode: append the server's stdout and stderr here instead of this terminal."),
 ) -> None:
-    """Collect a run from a live server into the store (attach mode).
+    """Collect a run from a live server into the store (attach mode), or launch the server and collect (launch mode).
 
     Polls `/server_info` by high-water mark on `forward_ct`, reports lost records as gaps,
     and with `--workload` drives closed-loop traffic itself (rids like `gsm8k-000017`,
     logprobs and top-5 requested) so that `requests` and `tokens` are filled too.
 
-    Example: `dspark-obs collect --url http://127.0.0.1:30000 --out data --workload gsm8k,poetry --requests 60`
+    Attach: `dspark-obs collect --url http://127.0.0.1:30000 --out data --workload gsm8k,poetry --requests 60`
+
+    Launch: `SGLANG_RAGGED_VERIFY_MODE=compact dspark-obs collect --out data -- python -m sglang.launch_server --speculative-algorithm DSPARK ...`
     """
+    from dspark_obs.objstore import open_store
     from collectors.sglang.driver import DriveSpec
-    from collectors.sglang.session import CollectError, CollectOptions, Collector
-    from dspark_obs.store import Store, validate_run_id
+    from collectors.sglang.session import CollectOptions
+    from dspark_obs.store import validate_run_id
 
     if run_id is not None:
         try:
             validate_run_id(run_id)
         except ValueError as exc:
             _fail(str(exc))
+    if not server_command and not url:
+        _fail("give --url (attach mode) or a server command after '--' (launch mode), e.g. "
+              "dspark-obs collect --out data -- python -m sglang.launch_server --port 30000 ...")
     drive = None
     if workload:
         names = [w.strip() for w in workload.split(",") if w.strip()]
         if requests < 1 or concurrency < 1:
             _fail("--requests and --concurrency must be >= 1")
-        drive = DriveSpec(names, requests, concurrency=concurrency, temperature=temperature,
-                          max_new_tokens=max_new_tokens, seed=seed, redact_text=redact_text)
-    opts = CollectOptions(url=url.rstrip("/"), run_id=run_id or _default_run_id("run"),
+        try:
+            drive = DriveSpec(names, requests, concurrency=concurrency, temperature=temperature,
+                              max_new_tokens=max_new_tokens, seed=seed, redact_text=redact_text, api=api)
+        except ValueError as exc:
+            _fail(f"--api: {exc}")
+    if poll_interval <= 0 or flush_interval <= 0 or max_buffer_mb <= 0:
+        _fail("--poll-interval, --flush-interval and --max-buffer-mb must be > 0")
+    try:
+        store = open_store(out, writer_id=writer_id)
+    except (ValueError, OSError) as exc:
+        _fail(f"--out {out}: {exc}")
+    opts = CollectOptions(url=(url or "").rstrip("/"), run_id=run_id or _default_run_id("run"),
                           poll_interval=poll_interval, clear_at=clear_at, flush_interval=flush_interval,
-                          duration=duration, drive=drive, labels=_parse_labels(label))
-    summary = _run_collector(Store(out), opts, total_requests=requests if drive else None)
+                          duration=duration, drive=drive, labels=_parse_labels(label),
+                          max_buffer_bytes=int(max_buffer_mb * (1 << 20)), redact_text=redact_text)
+    launch = None
+    if server_command:
+        from collectors.sglang.launcher import LaunchSpec
+
+        launch = LaunchSpec(list(server_command), url=url, startup_timeout=startup_timeout,
+                            shutdown_timeout=shutdown_timeout,
+                            estimator_jsonl=str(estimator_jsonl) if estimator_jsonl else None,
+                            log_path=str(server_log) if server_log else None)
+    elif estimator_jsonl:
+        _fail("--estimator-jsonl needs launch mode (a server command after '--'); "
+              "for an existing file use: dspark-obs ingest --estimator-jsonl FILE")
+    summary = _run_collector(store, opts, total_requests=requests if drive else None,
+                             metrics_port=metrics_port, metrics_host=metrics_host, launch=launch)
     _print_summary(summary, out)
 
 
-def _run_collector(store, opts, total_requests: Optional[int]):
+def _run_collector(store, opts, total_requests: Optional[int], *, metrics_port: Optional[int] = None,
+                   metrics_host: str = "127.0.0.1", launch=None):
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from collectors.sglang.metrics import SidecarMetrics
     from collectors.sglang.session import CollectError, Collector
 
+    metrics = SidecarMetrics()
+    if metrics_port is not None:
+        try:
+            port = metrics.serve(metrics_port, metrics_host)
+        except OSError as exc:
+            _fail(f"--metrics-port {metrics_port}: {exc}")
+        console.print(f"sidecar metrics on http://{metrics_host}:{port}/metrics")
     show = sys.stderr.isatty()
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TextColumn("{task.fields[steps]} steps"), TimeElapsedColumn(),
-                  console=console, disable=not show, transient=True) as progress:
-        task = progress.add_task(f"collecting {opts.run_id}", total=total_requests, steps=0)
-        counts = {"steps": 0}
+    try:
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TextColumn("{task.fields[steps]} steps"), TimeElapsedColumn(),
+                      console=console, disable=not show, transient=True) as progress:
+            task = progress.add_task(f"collecting {opts.run_id}", total=total_requests, steps=0)
+            counts = {"steps": 0}
 
-        def on_progress(kind: str, n: int) -> None:
-            if kind == "steps":
-                counts["steps"] += n
-                progress.update(task, steps=counts["steps"])
-            else:
-                progress.advance(task, n)
+            def on_progress(kind: str, n: int) -> None:
+                if kind == "steps":
+                    counts["steps"] += n
+                    progress.update(task, steps=counts["steps"])
+                else:
+                    progress.advance(task, n)
 
-        collector = Collector(store, opts, on_progress)
+            async def attach():
+                collector = Collector(store, opts, on_progress, metrics)
+                loop = asyncio.get_running_loop()
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.add_signal_handler(sig, collector.stop, sig.name)
+                return await collector.run()
 
-        async def main():
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.add_signal_handler(sig, collector.stop)
-            return await collector.run()
+            try:
+                if launch is None:
+                    return asyncio.run(attach())
+                from collectors.sglang.launcher import LaunchError
+
+                try:
+                    return asyncio.run(_launch_and_collect(store, opts, launch, on_progress, metrics))
+                except LaunchError as exc:
+                    _fail(str(exc))
+            except CollectError as exc:
+                _fail(str(exc))
+    finally:
+        metrics.close()
+
+
+async def _launch_and_collect(store, opts, spec, on_progress, metrics):
+    """Launch mode: child up, healthy, collect, forward the signal, import the estimator JSONL."""
+    import asyncio
+
+    from collectors.sglang.launcher import ChildServer
+    from collectors.sglang.session import CollectError, Collector
+
+    child = ChildServer(spec)
+    opts.url, opts.mode = opts.url or child.url, child.mode
+    opts.labels.setdefault("launch_mode", "true")
+    loop = asyncio.get_running_loop()
+    received: list[int] = []
+    early_stop = asyncio.Event()
+    collector: list = []
+
+    def on_signal(sig: signal.Signals) -> None:
+        received.append(sig)
+        if collector:
+            collector[0].stop(sig.name)
+        early_stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    await child.start()
+    console.print(f"launched {' '.join(child.command)[:200]} (pid {child.proc.pid}, "
+                  f"{child.mode}); waiting for {child.url}/health")
+    try:
+        healthy = await child.wait_healthy(early_stop)
+    except BaseException:
+        await child.shutdown()
+        raise
+    if not healthy:
+        await child.shutdown(received[0] if received else signal.SIGTERM)
+        raise CollectError(f"interrupted by {received[0].name if received else 'a signal'} before "
+                           f"{child.url} was healthy; nothing was collected")
+    col = Collector(store, opts, on_progress, metrics)
+    collector.append(col)
+    if received:
+        col.stop(received[0].name)
+
+    async def before_close():
+        return await child.shutdown(received[0] if received else signal.SIGTERM)
+
+    try:
+        summary = await col.run(server_exit=child.exit, before_close=before_close)
+    except BaseException:
+        await child.shutdown(received[0] if received else signal.SIGTERM)
+        raise
+    if spec.estimator_jsonl:
+        from collectors.importers.estimator import import_estimator_jsonl
 
         try:
-            return asyncio.run(main())
-        except CollectError as exc:
-            _fail(str(exc))
+            res = await asyncio.to_thread(import_estimator_jsonl, store, opts.run_id, spec.estimator_jsonl,
+                                          redact_text=opts.redact_text)
+            console.print(f"estimator JSONL: {res.total_rows} rows imported into estimator_records, "
+                          f"{res.dead_letters} dead letters")
+        except OSError as exc:
+            console.print(f"[yellow]estimator JSONL {spec.estimator_jsonl} not imported: {exc}[/yellow]")
+    return summary
 
 
-def _print_summary(s, out: Path) -> None:
+def _print_summary(s, out) -> None:
     console.print(
         f"run [bold]{s.run_id}[/bold] ({s.mode}, gamma {s.gamma}, dp {s.dp_size}): "
         f"{s.steps} steps, {s.step_reqs} request-steps, {s.requests} requests"
         f"{f' ({s.failed_requests} failed)' if s.failed_requests else ''}, {s.tokens} tokens; "
         f"{s.gaps} gaps ({s.lost_forward_cts} forward_cts at most, {s.clears} clears), "
-        f"{s.dead_letters} dead letters, {s.rows_dropped} rows dropped; {s.elapsed_s:.1f}s -> {out}"
+        f"{s.dead_letters} dead letters, {s.rows_dropped} rows dropped"
+        f"{f', {s.rows_failed} rows failed to write' if getattr(s, 'rows_failed', 0) else ''}; "
+        f"ended: {s.end_reason}; {s.elapsed_s:.1f}s -> {out}"
     )
 
 

@@ -64,8 +64,14 @@ class BudgetDecision:
 
 
 def survival_from_confidence(confidence: np.ndarray) -> np.ndarray:
-    """``S_k = c_1 ... c_k`` per row, in float32 like SGLang's ``cumprod``."""
-    return np.cumprod(np.asarray(confidence, dtype=np.float32), axis=-1, dtype=np.float32)
+    """``S_k = c_1 ... c_k`` per row, bit-exact with SGLang's CPU ``torch.cumprod``.
+
+    The inputs are float32, but torch's CPU kernel keeps the running product in
+    double and rounds each output to float32; a float32 running product differs
+    by an ulp often enough to flip ``survival_eps`` crossings and ties.
+    """
+    conf32 = np.asarray(confidence, dtype=np.float32)
+    return np.cumprod(conf32.astype(np.float64), axis=-1).astype(np.float32)
 
 
 def verify_token_budget(

@@ -137,6 +137,81 @@ DEAD_LETTERS = pa.schema([
     _f("payload", _str, "the raw payload (truncated to 64 KiB)"),
 ])
 
+# -- imported artifacts (dspark-obs ingest, and launch mode's estimator JSONL) --
+
+ESTIMATOR_RECORDS = pa.schema([
+    _f("kind", _str, "step (one request-step row) | eos_end (the request ended at EOS with open blocks)", False),
+    _f("rid", _str, "request id", False),
+    _f("forward_ct", _i64, "step of the row (SGLang 'fct'); null for eos_end markers"),
+    _f("window", _i16, "drafts verified, verify_len - 1 (SGLang 'w')"),
+    _f("correct_drafts", _i16, "accepted drafts within the window (SGLang 'cl')"),
+    _f("cap_trim", _i16, "cap-accept: accepted drafts beyond the window (SGLang 'ct')"),
+    _f("trimmed_tokens", pa.list_(_i32), "censored steps: the trimmed drafts d_{w+1..gamma}"),
+    _f("q_logprob", pa.list_(_f64), "censored steps: drafter log q(d_k) of each trimmed draft (SGLang 'q_lp')"),
+    _f("pending_gathers", pa.list_(pa.struct([
+        pa.field("block_forward_ct", _i64), pa.field("offset", _i16), pa.field("p_logprob", _f64),
+        pa.field("token", _i32), pa.field("realized", _i32)])),
+       "SGLang 'pg': target log p of a trimmed draft of block block_forward_ct at its 1-based offset, "
+       "the draft and the token realised there"),
+    _f("eos_end", pa.list_(_i64), "eos_end markers: forward_ct of each block still open at EOS"),
+    _f("source_line", _i64, "1-based line in the imported file", False),
+])
+
+COST_TABLES = pa.schema([
+    _f("path", _str, "file the table was read from", False),
+    _f("kind", _str, "1d (SpsCostTable) | additive (SpsAdditiveCostTable)", False),
+    _f("sample_batch_tokens", pa.list_(_i64), "1-D: probe batch sizes in tokens"),
+    _f("sample_steps_per_sec", pa.list_(_f64), "1-D: measured steps per second at each probe"),
+    _f("max_batch_tokens", _i64, "1-D: largest batch the table covers"),
+    _f("bias_seconds", _f64, "additive: constant step time"),
+    _f("bs_probes", pa.list_(_i64), "additive: batch-size probes"),
+    _f("alpha_seconds", pa.list_(_f64), "additive: batch-size term per probe"),
+    _f("m_probes", pa.list_(_i64), "additive: M = bs + K probes"),
+    _f("theta_seconds", pa.list_(_f64), "additive: token term per probe"),
+    _f("raw_json", _str, "the file as read", False),
+    _f("imported_at", _ts, "when it was imported", False),
+])
+
+STS_CALIBRATIONS = pa.schema([
+    _f("path", _str, "file the calibration was read from", False),
+    _f("temperatures", pa.list_(_f64), "per-position STS temperatures T_k (c = sigmoid(raw / T_k))", False),
+    _f("dataset", _str, "dataset the temperatures were fitted on"),
+    _f("num_samples", _i64, "samples used for the fit"),
+    _f("ece_before", pa.list_(_f64), "per-position ECE before STS"),
+    _f("ece_after", pa.list_(_f64), "per-position ECE after STS"),
+    _f("raw_json", _str, "the file as read", False),
+    _f("imported_at", _ts, "when it was imported", False),
+])
+
+SPS_RECORDS = pa.schema([
+    _f("repeat", _i32, "sweep repeat index"),
+    _f("batch_size", _i32, "requests in flight across ranks"),
+    _f("batch_size_per_rank", _i32, "requests per DP rank"),
+    _f("dp_rank", _i16, "DP rank of the step"),
+    _f("forward_ct", _i64, "step's forward_ct"),
+    _f("num_running_reqs", _i32, "running requests at the step"),
+    _f("num_verify_tokens", _i32, "verify tokens of the step"),
+    _f("step_time_s", _f64, "server-side step time in seconds (profiler 'step_time')"),
+    _f("source_line", _i64, "1-based line in the imported file", False),
+])
+
+SPS_ROUNDS = pa.schema([
+    _f("repeat", _i32, "sweep repeat index"),
+    _f("batch_size", _i32, "requests in flight across ranks"),
+    _f("batch_size_per_rank", _i32, "requests per DP rank"),
+    _f("frac", _f64, "off-diagonal budget fraction; null on the diagonal (static) sweep"),
+    _f("batch_tokens", _i64, "tokens per verify step"),
+    _f("steps_per_sec", _f64, "1 / median steady step time"),
+    _f("num_steady_steps", _i32, "aligned steady steps measured"),
+    _f("match_fraction", _f64, "share of steps at the target batch"),
+    _f("per_rank_median_step_time_s", pa.list_(_f64), "median step time per DP rank, seconds"),
+    _f("load_num_requests", _i32, "load generator: requests sent"),
+    _f("load_max_new_tokens", _i32, "load generator: output limit"),
+    _f("load_wall_seconds", _f64, "load generator: wall time"),
+    _f("load_reached_target", pa.bool_(), "load generator: the target batch was reached"),
+    _f("source_line", _i64, "1-based line in the imported file", False),
+])
+
 TABLES: dict[str, pa.Schema] = {
     "runs": RUNS,
     "steps": STEPS,
@@ -145,6 +220,11 @@ TABLES: dict[str, pa.Schema] = {
     "tokens": TOKENS,
     "gaps": GAPS,
     "dead_letters": DEAD_LETTERS,
+    "estimator_records": ESTIMATOR_RECORDS,
+    "cost_tables": COST_TABLES,
+    "sts_calibrations": STS_CALIBRATIONS,
+    "sps_records": SPS_RECORDS,
+    "sps_rounds": SPS_ROUNDS,
 }
 
 
@@ -175,3 +255,18 @@ def load_result_schemas() -> None:
 
     for info in pkgutil.iter_modules(estimators.__path__):
         importlib.import_module(f"dspark_obs.estimators.{info.name}")
+
+
+def data_model_markdown() -> str:
+    """Every table's columns as Markdown, for the README (a docs test keeps them equal)."""
+    load_result_schemas()
+    out = []
+    for name, table in TABLES.items():
+        out.append(f"### `{name}`\n\n| column | type | meaning |\n|---|---|---|")
+        out.append("| `run_id` | string | partition column (`run_id=<id>` directory) |")
+        for f in table:
+            doc = f.metadata[b"doc"].decode() if f.metadata and b"doc" in f.metadata else ""
+            doc = doc.replace("|", "\\|").replace("\n", " ")
+            out.append(f"| `{f.name}` | {f.type}{'' if f.nullable else ' not null'} | {doc} |")
+        out.append("")
+    return "\n".join(out)

@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
+import functools
+
 import duckdb
 import pyarrow as pa
 
@@ -66,27 +68,57 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     ``read_only=True`` limits file access to ``root`` and locks the
     configuration; :func:`query` then accepts only SELECT, EXPLAIN and PRAGMA.
     """
-    root = Path(root).resolve()
-    if any(ch in str(root) for ch in "*?[]{}'"):
-        raise ValueError(f"data root {str(root)!r} contains a glob or quote character; "
+    from dspark_obs import objstore
+
+    remote = objstore.is_url(str(root))
+    if remote:  # s3://bucket/prefix?...: read through pyarrow's filesystem, no DuckDB extension
+        store = _object_store(str(root))
+        root_text = store.root
+    else:
+        root_text = str(Path(root).resolve())
+    if any(ch in root_text for ch in "*?[]{}'"):
+        raise ValueError(f"data root {root_text!r} contains a glob or quote character; "
                          "move the store to a plain path")
     con = duckdb.connect(":memory:")
     con.execute("SET TimeZone = 'UTC'")  # the store is UTC; show it so on every machine
-    con.execute(f"SET VARIABLE {_ROOT_VAR} = {_quote_literal(str(root))}")
+    if remote:
+        con.register_filesystem(objstore.fsspec_filesystem(store))
+    con.execute(f"SET VARIABLE {_ROOT_VAR} = {_quote_literal(str(root) if remote else root_text)}")
     con.execute(f"SET VARIABLE {_FILLED_VAR} = []::VARCHAR[]")
     con.execute(f"SET VARIABLE {_READ_ONLY_VAR} = {str(read_only).lower()}")
     refresh(con)
-    if read_only:
-        con.execute(f"SET allowed_directories = [{_quote_literal(str(root) + '/')}]")
+    if read_only and not remote:
+        con.execute(f"SET allowed_directories = [{_quote_literal(root_text + '/')}]")
         con.execute("SET enable_external_access = false")
         con.execute("SET lock_configuration = true")
     return con
 
 
-def root_of(con: duckdb.DuckDBPyConnection) -> Path | None:
-    """The data root a connection from :func:`connect` reads, or None for a foreign one."""
+def root_of(con: duckdb.DuckDBPyConnection) -> Path | str | None:
+    """The data root a connection from :func:`connect` reads (a URL for object stores), or None."""
+    from dspark_obs import objstore
+
     root = _variable(con, _ROOT_VAR)
-    return None if root is None else Path(root)
+    if root is None:
+        return None
+    return root if objstore.is_url(root) else Path(root)
+
+
+@functools.lru_cache(maxsize=16)
+def _object_store(url: str):
+    from dspark_obs.objstore import ObjectStore
+
+    return ObjectStore(url)
+
+
+def _tables_with_files(root: str) -> set[str]:
+    from dspark_obs import objstore
+
+    if objstore.is_url(root):
+        store = _object_store(root)
+        return {t for t in schema.TABLES if store._files(t, None)}
+    base = Path(root)
+    return {t for t in schema.TABLES if next(base.glob(f"{t}/*/{PART_GLOB}"), None) is not None}
 
 
 def refresh(con: duckdb.DuckDBPyConnection) -> None:
@@ -95,14 +127,17 @@ def refresh(con: duckdb.DuckDBPyConnection) -> None:
     Cheap when nothing changed (one directory probe per table); a no-op on a
     connection not made by :func:`connect`.
     """
+    from dspark_obs import objstore
+
     root = _variable(con, _ROOT_VAR)
     if root is None:
         return
-    root = Path(root)
     schema.load_result_schemas()
     filled = set(_variable(con, _FILLED_VAR) or [])
     views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
-    now_filled = {t for t in schema.TABLES if next(root.glob(f"{t}/*/{PART_GLOB}"), None) is not None}
+    now_filled = _tables_with_files(root)
+    if objstore.is_url(root):
+        root = _object_store(root).root
     changed = [t for t in schema.TABLES if (t in now_filled) != (t in filled) or t not in views]
     for table in changed:
         con.execute(_view_sql(con, root, table, table in now_filled))
@@ -128,7 +163,7 @@ def _variable(con: duckdb.DuckDBPyConnection, name: str) -> Any:
     return con.execute(f"SELECT getvariable({_quote_literal(name)})").fetchall()[0][0]
 
 
-def _view_sql(con: duckdb.DuckDBPyConnection, root: Path, table: str, has_files: bool) -> str:
+def _view_sql(con: duckdb.DuckDBPyConnection, root: Path | str, table: str, has_files: bool) -> str:
     """The view of ``table``: schema columns in order, then ``run_id``.
 
     The typed empty selection is unioned by name so a column absent from every
@@ -143,7 +178,7 @@ def _view_sql(con: duckdb.DuckDBPyConnection, root: Path, table: str, has_files:
     view = quote_ident(table)
     if not has_files:
         return f"CREATE OR REPLACE VIEW {view} AS SELECT {columns} FROM ({empty})"
-    glob = _quote_literal(str(root / table / "*" / PART_GLOB))
+    glob = _quote_literal(f"{root}/{table}/*/{PART_GLOB}")
     options = "hive_partitioning = true, union_by_name = true, hive_types = {'run_id': 'VARCHAR'}"
     source = f"SELECT * FROM read_parquet({glob}, {options})"
     if table == "runs":  # one row per run: while an upsert is replacing it, keep the newest file

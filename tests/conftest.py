@@ -35,7 +35,8 @@ def emulator():
 
     def start(**cfg) -> BackgroundServer:
         port = cfg.pop("port", 0)
-        srv = BackgroundServer(EngineConfig(**cfg), port=port).start()
+        hooks = cfg.pop("test_hooks", False)
+        srv = BackgroundServer(EngineConfig(**cfg), port=port, test_hooks=hooks).start()
         servers.append(srv)
         return srv
 

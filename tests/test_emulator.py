@@ -6,6 +6,7 @@ import pytest
 
 from dspark_obs.emulator.engine import Engine, EngineConfig, GenerateRequest
 from dspark_obs.records import InfoRecordPayload
+from dspark_obs.scheduler import survival_from_confidence
 import msgspec
 
 from conftest import run_engine
@@ -52,7 +53,7 @@ def test_record_invariants_per_mode(mode):
             if mode == "static":
                 assert "confidence" not in q and "survival" not in q
             else:
-                surv = np.cumprod(np.asarray(q["confidence"], dtype=np.float32), dtype=np.float32)
+                surv = survival_from_confidence(np.asarray(q["confidence"], dtype=np.float32))
                 assert q["survival"] == [round(float(s), 4) for s in surv]
         if mode == "static":
             assert rec["num_verify_tokens"] == rec["bs"] * (gamma + 1) and "budget" not in rec

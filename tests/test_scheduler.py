@@ -79,7 +79,7 @@ def test_min_and_max_verify_len_clamp():
     assert verify_lens_topk(SURV, 99, cfg).tolist() == [2, 2]
 
 
-def test_survival_is_a_float32_cumprod():
+def test_survival_is_a_double_accumulated_cumprod_rounded_to_float32():
     conf = np.array([[0.5, 0.5, 0.2]])
     out = survival_from_confidence(conf)
     assert out.dtype == np.float32

@@ -13,7 +13,9 @@ a lost decode step from a prefill, the oldest surviving record is consulted:
 ``step_cpu_ms`` is set only when the forward before it was a decode step, so a
 jump followed by a record *with* ``step_cpu_ms`` certainly lost records.  A
 jump followed by one without it is reported only after our own clear or when
-the server does not send ``step_cpu_ms`` at all (then every jump is reported).
+the server does not send ``step_cpu_ms`` at all (then every jump is reported),
+or when the deque's head moved since the last poll without a clear: a deque
+only loses its oldest records by wrapping, so that loss is certain.
 A rank first seen with an empty deque is followed from ``forward_ct`` 0.
 """
 
@@ -39,6 +41,7 @@ class RankCursor:
     high_water: int = 0
     cleared: bool = False  # we cleared since the last records were read
     seen_empty: bool = False  # the deque was empty when first seen: nothing predates us
+    oldest: Optional[int] = None  # oldest forward_ct in the deque at the last non-empty poll
 
 
 @dataclass
@@ -90,10 +93,12 @@ class ForwardCursor:
                 continue
             oldest = records[0]
             following = cur.high_water > 0 or cur.seen_empty
+            head_moved = cur.oldest is not None and oldest.forward_ct > cur.oldest
+            cur.oldest = oldest.forward_ct
             if following and oldest.forward_ct > cur.high_water + 1:
                 timed = "step_cpu_time" in rank.components
                 after_decode = oldest.step_cpu_ms is not None
-                if cur.cleared or after_decode or not timed:
+                if cur.cleared or after_decode or not timed or head_moved:
                     reason = "clear" if cur.cleared else "deque_wrap"
                     delta.gaps.append(Gap(rank.dp_rank, cur.high_water + 1, oldest.forward_ct - 1,
                                           reason, self.segment))

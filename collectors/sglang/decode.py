@@ -9,42 +9,49 @@ handed back as a dead letter with the reason instead of failing the whole poll.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import msgspec
 import pyarrow as pa
 
 from dspark_obs import schema
 
+# Integer ranges of the Arrow columns the values land in: a value outside its
+# column's range is a contract violation reported per record, never an
+# overflow that would fail a whole batch at write time.
+I16 = Annotated[int, msgspec.Meta(ge=-(2**15), le=2**15 - 1)]
+I32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
+I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+
 
 class _Req(msgspec.Struct):
-    req_pool_index: int
-    prefix_len: int
-    verify_len: int
-    acc_len: int
-    correct_drafts: int
-    cap_trim: int
-    bonus_token: int
-    draft_tokens: list[int]
+    req_pool_index: I32
+    prefix_len: I32
+    verify_len: I16
+    acc_len: I16
+    correct_drafts: I16
+    cap_trim: I16
+    bonus_token: I32
+    draft_tokens: list[I32]
     rid: Optional[str] = None
     confidence: Optional[list[float]] = None
     survival: Optional[list[float]] = None
     # Emulator-only truth; a real SGLang server never sends these.
-    emu_block_accept: Optional[int] = None
+    emu_block_accept: Optional[I16] = None
     emu_expected_block_accept: Optional[float] = None
 
 
 class _Record(msgspec.Struct):
-    forward_ct: int
-    bs: int = -1
+    forward_ct: I64
+    bs: I32 = -1
     mode: str = ""
-    budget: Optional[int] = None
-    lag_steps: Optional[int] = None
-    num_running_reqs: int = -1
-    num_verify_tokens: int = -1
-    verify_tokens_local: int = -1
-    verify_tokens_dp_synced: int = -1
-    verify_tokens_graph_key: int = -1
+    budget: Optional[I32] = None
+    lag_steps: Optional[I32] = None
+    num_running_reqs: I32 = -1
+    num_verify_tokens: I32 = -1
+    verify_tokens_local: I32 = -1
+    verify_tokens_dp_synced: I32 = -1
+    verify_tokens_graph_key: I32 = -1
     predicted_step_ms: Optional[float] = None
     predicted_theta: Optional[float] = None
     step_cpu_ms: Optional[float] = None
@@ -56,8 +63,8 @@ class _Record(msgspec.Struct):
 
 class _Payload(msgspec.Struct):
     mode: str = ""
-    gamma: int = 0
-    verify_num_draft_tokens: int = 0
+    gamma: I16 = 0
+    verify_num_draft_tokens: I32 = 0
     components: list[str] = []
     records: list[msgspec.Raw] = []
     simulate_acc_len: Optional[float] = None
@@ -84,6 +91,7 @@ class RankPayload:
     records: list[_Record]
     dead: list[tuple[str, bytes]] = field(default_factory=list)  # (reason, raw record)
     components: tuple[str, ...] = ()
+    raws: list[bytes] = field(default_factory=list)  # raw JSON of each good record, same order
 
 
 @dataclass
@@ -117,19 +125,24 @@ def decode_server_info(body: bytes) -> ServerInfoPayload:
             continue
         has_dspark = True
         good: list[_Record] = []
+        raws: list[bytes] = []
         dead: list[tuple[str, bytes]] = []
         for raw in payload.records:
             try:
                 good.append(_record_decoder.decode(raw))
+                raws.append(raw)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 dead.append((f"dp_rank {i}: record does not match DecodeStepRecord: {exc}", bytes(raw)))
-        ranks.append(RankPayload(i, payload.mode, payload.gamma, good, dead, tuple(payload.components)))
+        ranks.append(RankPayload(i, payload.mode, payload.gamma, good, dead, tuple(payload.components), raws))
     return ServerInfoPayload(info.startup_time, info.version, ranks, has_dspark)
 
 
 def server_args(body: bytes) -> dict[str, Any]:
     """The body's top-level server arguments, without the bulky record payloads."""
-    data = msgspec.json.decode(body)
+    try:
+        data = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise PayloadError(f"not JSON: {exc}") from exc
     if not isinstance(data, dict):
         raise PayloadError("a /server_info body must be a JSON object")
     states = data.get("internal_states")
@@ -181,3 +194,34 @@ def records_to_tables(records: list[_Record], *, dp_rank: int, segment: int) -> 
             cols["emu_expected_block_accept"].append(q.emu_expected_block_accept)
     reqs_table = pa.Table.from_pydict(cols, schema=schema.schema_for("step_reqs"))
     return steps_table, reqs_table
+
+
+_CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)
+
+
+def records_to_tables_safe(records: list[_Record], raws: Optional[list[bytes]] = None, *, dp_rank: int,
+                           segment: int) -> tuple[pa.Table, pa.Table, list[tuple[str, bytes]]]:
+    """Like :func:`records_to_tables`, but a record Arrow cannot hold is returned as a dead letter.
+
+    The whole batch is converted at once; only when that fails is it split to
+    find the offending records (e.g. a rid that is not valid UTF-8), so the
+    good records of the batch are kept.  Returns ``(steps, step_reqs, dead)``
+    with ``dead`` a list of ``(reason, raw record)``.
+    """
+    try:
+        steps, reqs = records_to_tables(records, dp_rank=dp_rank, segment=segment)
+        return steps, reqs, []
+    except _CONVERSION_ERRORS:
+        pass
+    good: list[_Record] = []
+    dead: list[tuple[str, bytes]] = []
+    for i, rec in enumerate(records):
+        try:
+            records_to_tables([rec], dp_rank=dp_rank, segment=segment)
+            good.append(rec)
+        except _CONVERSION_ERRORS as exc:
+            raw = raws[i] if raws is not None and i < len(raws) else msgspec.json.encode(rec)
+            dead.append((f"dp_rank {dp_rank}: forward_ct {rec.forward_ct} does not fit the store: "
+                         f"{type(exc).__name__}: {exc}", bytes(raw)))
+    steps, reqs = records_to_tables(good, dp_rank=dp_rank, segment=segment)
+    return steps, reqs, dead

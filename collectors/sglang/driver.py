@@ -1,7 +1,9 @@
 """Drive traffic at a server and turn each finished request into rows.
 
 Closed-loop load: ``concurrency`` requests in flight, each ``POST /generate``
-with logprobs (top-5 by default) so that the target's view of every committed
+(or, with ``api="completions"``/``"chat"``, SGLang's OpenAI endpoints with
+``return_spec_tokens_details``; see ``collectors.sglang.openai``) with
+logprobs (top-5 by default) so that the target's view of every committed
 token is stored.  Request ``i`` belongs to workload ``workloads[i % n]`` and
 gets the rid ``<workload>-<i:06d>`` and an explicit ``sampling_seed``, so the
 same request can later be replayed token for token (companion runs).
@@ -18,8 +20,11 @@ import httpx
 import numpy as np
 import pyarrow as pa
 
+from collectors.sglang import openai
 from dspark_obs import schema
 from dspark_obs.emulator.workloads import PROFILES
+
+APIS = ("generate", "completions", "chat")
 
 _WORDS = ("the", "a", "of", "to", "and", "in", "is", "it", "that", "for", "on", "with", "as", "was",
           "by", "number", "sum", "line", "verse", "answer", "explain", "write", "why", "how", "step")
@@ -46,6 +51,18 @@ class DriveSpec:
     top_logprobs: int = 5
     seed: int = 0
     redact_text: bool = False
+    api: str = "generate"  # generate | completions | chat
+    model: Optional[str] = None  # OpenAI "model"; default: the server's served_model_name
+
+    def __post_init__(self) -> None:
+        if self.api == "openai":
+            self.api = "completions"
+        if self.api not in APIS:
+            raise ValueError(f"api {self.api!r} is not one of {', '.join(APIS)} (or openai = completions)")
+
+    @property
+    def endpoint(self) -> str:
+        return "/generate" if self.api == "generate" else openai.ENDPOINTS[self.api]
 
 
 def plan_requests(spec: DriveSpec) -> list[PlannedRequest]:
@@ -125,6 +142,35 @@ def response_rows(req: PlannedRequest, body: dict[str, Any], *, concurrency: int
     return row, tokens
 
 
+def openai_rows(req: PlannedRequest, body: dict[str, Any], *, api: str, concurrency: int,
+                submitted_at: dt.datetime, finished_at: dt.datetime,
+                redact_text: bool) -> tuple[dict[str, Any], pa.Table]:
+    """One ``requests`` row and the ``tokens`` rows of a finished OpenAI request."""
+    parsed = openai.parse_response(api, body)
+    row: dict[str, Any] = {
+        "rid": req.rid, "workload": req.workload, "api": api,
+        "prompt_tokens": parsed["prompt_tokens"], "completion_tokens": parsed["completion_tokens"],
+        "cached_tokens": parsed["cached_tokens"], "finish_reason": parsed["finish_reason"],
+        "temperature": req.temperature, "max_new_tokens": req.max_new_tokens,
+        "sampling_seed": req.sampling_seed, "e2e_latency_s": (finished_at - submitted_at).total_seconds(),
+        "submitted_at": submitted_at, "finished_at": finished_at, "concurrency": concurrency,
+        "prompt_text": None if redact_text else req.text,
+        "output_text": None if redact_text else parsed["text"],
+        **parsed["spec"],
+    }
+    ids = parsed["token_ids"] if isinstance(parsed["token_ids"], list) else []
+    lps = parsed["logprobs"] or []
+    tops = parsed["top_logprobs"] or []
+    n = len(ids)
+    tokens = pa.Table.from_pydict({
+        "rid": [req.rid] * n, "pos": list(range(n)), "token_id": [int(t) for t in ids],
+        "logprob": [float(lps[p]) if p < len(lps) and lps[p] is not None else None for p in range(n)],
+        "top_ids": [None] * n,
+        "top_logprobs": [tops[p] if p < len(tops) else None for p in range(n)],
+    }, schema=schema.schema_for("tokens"))
+    return row, tokens
+
+
 @dataclass
 class DriveResult:
     finished: int = 0
@@ -150,15 +196,30 @@ async def drive(client: httpx.AsyncClient, spec: DriveSpec,
                 return
             submitted = dt.datetime.now(dt.timezone.utc)
             try:
-                resp = await client.post("/generate", json=generate_body(req, top_logprobs=spec.top_logprobs))
+                if spec.api == "generate":
+                    payload = generate_body(req, top_logprobs=spec.top_logprobs)
+                else:
+                    payload = openai.request_body(
+                        spec.api, model=spec.model or "default", text=req.text, rid=req.rid,
+                        temperature=req.temperature, max_new_tokens=req.max_new_tokens,
+                        sampling_seed=req.sampling_seed, top_logprobs=spec.top_logprobs)
+                resp = await client.post(spec.endpoint, json=payload)
                 resp.raise_for_status()
                 body = resp.json()
-                row, tokens = response_rows(req, body, concurrency=spec.concurrency, submitted_at=submitted,
-                                            finished_at=dt.datetime.now(dt.timezone.utc),
-                                            redact_text=spec.redact_text)
+                if not isinstance(body, dict):
+                    raise ValueError(f"response is not a JSON object: {str(body)[:200]}")
+                finished = dt.datetime.now(dt.timezone.utc)
+                if spec.api == "generate":
+                    row, tokens = response_rows(req, body, concurrency=spec.concurrency, submitted_at=submitted,
+                                                finished_at=finished, redact_text=spec.redact_text)
+                else:
+                    row, tokens = openai_rows(req, body, api=spec.api, concurrency=spec.concurrency,
+                                              submitted_at=submitted, finished_at=finished,
+                                              redact_text=spec.redact_text)
                 on_result(row, tokens)
                 result.finished += 1
-            except (httpx.HTTPError, ValueError, KeyError, TypeError, IndexError) as exc:
+            except (httpx.HTTPError, OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+                    pa.ArrowException) as exc:
                 result.failed += 1
                 msg = f"{req.rid}: {type(exc).__name__}: {exc}"
                 result.errors.append(msg)

@@ -9,11 +9,18 @@ verifies per mode, commits, and hands the step to the rank's ``InfoDumper``.
 
 Time is virtual by default: each step advances a per-rank clock by the true
 cost model's step time, so a long run takes seconds of wall time.
+
+With ``estimate_path`` set and ``folded_proposal`` off (SGLang:
+``SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH`` with
+``SGLANG_DSPARK_FOLDED_PROPOSAL=0``) DP rank 0 also writes SGLang's
+block-accept estimator JSONL (``BlockAcceptRecorder``), row for row as
+``dspark_block_accept_estimator.py`` does.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import threading
 import time
 from collections import deque
@@ -62,6 +69,10 @@ class EngineConfig:
     expose_truth: bool = True
     track_produced: bool = False  # keep every produced record's key (tests)
     real_time: float = 0.0  # 0 = virtual clock; 1 = sleep each step's time
+    # SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH; rows are written only with
+    # folded_proposal False (SGLANG_DSPARK_FOLDED_PROPOSAL=0), as in SGLang.
+    estimate_path: Optional[str] = None
+    folded_proposal: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -122,6 +133,96 @@ def _bump(hist: list[int], i: int) -> None:
     hist[i] += 1
 
 
+def _f32(x: float) -> float:
+    """A float as SGLang's float32 tensors hand it to ``json.dumps`` (``.tolist()``)."""
+    return float(np.float32(x))
+
+
+class BlockAcceptRecorder:
+    """SGLang's ``BlockAcceptEstimateRecorder`` (synchronous path), file output only.
+
+    Per request-step of a non-greedy request it writes
+    ``{rid, fct, w, cl, ct[, trimmed_tokens, q_lp][, pg]}``: a censored step
+    (``cl == w < gamma``) opens a block of trimmed drafts, and each later row
+    settles the open blocks' next offsets against the tokens realised there
+    (``pg`` entries ``[block_fct, offset, p_lp, token, realized]``) until a
+    trimmed draft diverges or the block ends.  A request that stops at EOS
+    with blocks still open gets an ``{rid, eos_end: [fct...]}`` marker.
+    """
+
+    FLUSH_EVERY_STEPS = 16
+
+    def __init__(self, path: str, *, gamma: int) -> None:
+        self.gamma = gamma
+        self._file = open(path, "w")
+        self._states: dict[str, dict[str, Any]] = {}
+        self._steps_since_flush = 0
+
+    def observe_step(self, forward_ct: int, rows: list[dict[str, Any]]) -> None:
+        """``rows``: per batch row ``rid, greedy, seq_len, window, cl, ct, bonus, drafts, q_all, p_lp``
+        where ``p_lp(row, token)`` is the target's logprob of ``token`` at verify row ``row``."""
+        for row in rows:
+            self._settle_row(forward_ct, row)
+        self._steps_since_flush += 1
+        if self._steps_since_flush >= self.FLUSH_EVERY_STEPS:
+            self.flush()
+
+    def _settle_row(self, forward_ct: int, r: dict[str, Any]) -> None:
+        gamma, cl, window, seq_len = self.gamma, r["cl"], r["window"], r["seq_len"]
+        state = self._states.setdefault(r["rid"], {"expected_seq_len": -1, "pending": []})
+        if state["expected_seq_len"] >= 0 and seq_len != state["expected_seq_len"]:
+            state["pending"] = []  # SGLang's seq-len continuity check
+        state["expected_seq_len"] = seq_len + cl + 1
+        if r["greedy"]:
+            state["pending"] = []
+            return
+        record: dict[str, Any] = {"rid": r["rid"], "fct": forward_ct, "w": window, "cl": cl, "ct": r["ct"]}
+        if cl == window and window < gamma:
+            trimmed = [int(t) for t in r["drafts"][window:gamma]]
+            q_lps = [_f32(q) for q in r["q_all"][window:gamma]]
+            state["pending"].append({"forward_ct": forward_ct, "anchor_pos": seq_len - 1, "window": window,
+                                     "trimmed": trimmed, "next_offset": window + 1})
+            record["trimmed_tokens"] = trimmed
+            record["q_lp"] = q_lps
+        realized = [int(t) for t in r["drafts"][:cl]] + [int(r["bonus"])]
+        gathers: list[list] = []
+        kept = []
+        for block in state["pending"]:
+            diverged = False
+            while block["next_offset"] <= gamma:
+                row = block["anchor_pos"] + block["next_offset"] - seq_len
+                if row > cl:
+                    break
+                token = block["trimmed"][block["next_offset"] - block["window"] - 1]
+                gathers.append([block["forward_ct"], block["next_offset"], _f32(r["p_lp"](row, token)), token,
+                                realized[row]])
+                block["next_offset"] += 1
+                if realized[row] != token:
+                    diverged = True
+                    break
+            if not diverged and block["next_offset"] <= gamma:
+                kept.append(block)
+        state["pending"] = kept
+        if gathers:
+            record["pg"] = gathers
+        self._file.write(json.dumps(record) + "\n")
+
+    def note_request_finished(self, rid: str, *, natural_stop: bool) -> None:
+        state = self._states.pop(rid, None)
+        if state is not None and natural_stop and state["pending"]:
+            self._file.write(json.dumps({"rid": rid, "eos_end": [b["forward_ct"] for b in state["pending"]]})
+                             + "\n")
+
+    def flush(self) -> None:
+        self._file.flush()
+        self._steps_since_flush = 0
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.flush()
+            self._file.close()
+
+
 class _Rank:
     """One DP rank: its own queue, batch, forward counter, clock and dumper."""
 
@@ -140,6 +241,10 @@ class _Rank:
         self.noise_rng = np.random.default_rng([cfg.seed, index, 7])
         self.recent: deque[tuple[int, int, int, int]] = deque(maxlen=512)
         self.verify_calls = 0
+        # SGLang's recorder lives on TP rank 0 only: with DP attention, DP rank 0.
+        self.estimator: Optional[BlockAcceptRecorder] = None
+        if cfg.estimate_path and index == 0:
+            self.estimator = BlockAcceptRecorder(cfg.estimate_path, gamma=cfg.gamma)
 
     # -- prefill -----------------------------------------------------------
     def prefill(self) -> bool:
@@ -153,6 +258,8 @@ class _Rank:
             return False
         self.forward_ct += 1
         self.dumper.note_non_decode_step()
+        if self.estimator is not None:
+            self.estimator.flush()  # SGLang flushes the recorder on every prefill step
         prompt_tokens = sum(len(r.input_ids) for r in admitted)
         self.clock += cfg.true_cost.bias_seconds + 2.0e-6 * prompt_tokens
         for r in admitted:
@@ -214,6 +321,7 @@ class _Rank:
 
         prefix_total = 0
         reqs: list[dict[str, Any]] = []
+        estimator_rows: list[dict[str, Any]] = []
         finished: list[_Running] = []
         for i, (r, b) in enumerate(zip(batch, blocks)):
             n = len(r.output)
@@ -237,6 +345,12 @@ class _Rank:
                 detail["emu_block_accept"] = b.block_accept
                 detail["emu_expected_block_accept"] = round(b.expected_block_accept, 6)
             reqs.append(detail)
+            if self.estimator is not None and not cfg.folded_proposal:
+                estimator_rows.append({
+                    "rid": r.req.rid, "greedy": r.req.temperature <= 0, "seq_len": prefix_len,
+                    "window": window, "cl": correct, "ct": cap_trim, "bonus": bonus,
+                    "drafts": b.draft_tokens.tolist(), "q_all": b.draft_logprob.tolist(),
+                    "p_lp": self._target_logprob_at(r, n)})
             r.verify_ct += 1
             r.correct_drafts += correct
             _bump(r.correct_hist, correct)
@@ -269,12 +383,27 @@ class _Rank:
             "target_verify_gpu_ms": round(max(step_s - draft_s, 0.0) * 1e3, 4), "reqs": reqs,
         }
         self.dumper.observe_decode_step(step)
+        if estimator_rows:
+            self.estimator.observe_step(self.forward_ct, estimator_rows)
         for r in finished:
             self.running.remove(r)
             eng._finish(self, r)
+            if self.estimator is not None:
+                self.estimator.note_request_finished(r.req.rid, natural_stop=r.finish_reason["type"] == "stop")
         if cfg.real_time > 0:
             time.sleep(step_s * cfg.real_time)
         return True
+
+
+    @staticmethod
+    def _target_logprob_at(r: "_Running", n: int):
+        """``p_lp(row, token)``: the target's logprob of ``token`` at output position ``n + row``."""
+        def p_lp(row: int, token: int) -> float:
+            pos = n + row
+            r.track.ensure(pos + 1)
+            hits = np.flatnonzero(r.track.cand[pos] == token)
+            return float(r.track.logp[pos, hits[0]]) if hits.size else float(np.log(1e-12))
+        return p_lp
 
 
 class Engine:
@@ -386,6 +515,9 @@ class Engine:
             self._wake.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        for rank in self.ranks:
+            if rank.estimator is not None:
+                rank.estimator.close()
 
     def _loop(self) -> None:
         while not self._stop:

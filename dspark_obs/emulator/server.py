@@ -1,21 +1,30 @@
 """SGLang 0.5.23's HTTP surface over the emulator engine.
 
-Endpoints: ``POST /generate``, ``GET /server_info`` (and the deprecated
-``/get_server_info``), ``POST /set_internal_state`` (``dspark_clear_info_records``),
-``GET /metrics`` (``sglang:spec_*``), ``GET /health``, ``GET /get_model_info``.
-Bodies and field names are SGLang's, so a collector written against the
-emulator works unchanged against a real server.
+Endpoints: ``POST /generate``, ``POST /v1/completions`` and
+``POST /v1/chat/completions`` (non-streaming, with ``sglext.spec_tokens_details``
+when ``return_spec_tokens_details`` is set), ``GET /v1/models``,
+``GET /server_info`` (and the deprecated ``/get_server_info``),
+``POST /set_internal_state`` (``dspark_clear_info_records``), ``GET /metrics``
+(``sglang:spec_*``), ``GET /health``, ``GET /get_model_info``.  Bodies and field
+names are SGLang's, so a collector written against the emulator works
+unchanged against a real server.
+
+``serve`` reads SGLang's environment the way a server launched with it would
+(:func:`config_from_env`).  With ``test_hooks`` (``DSPARK_OBS_EMULATOR_TEST_HOOKS=1``)
+``POST /emulator/restart`` restarts the engine in place: a new
+``startup_time`` and ``forward_ct`` from 0, as after a server restart.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import sys
 import threading
 import time
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 import msgspec
 import uvicorn
@@ -25,7 +34,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
 from dspark_obs import costtable as ct
-from dspark_obs.emulator.engine import Engine, EngineConfig, GenerateRequest
+from dspark_obs.emulator.dumper import ALL_COMPONENTS
+from dspark_obs.emulator.engine import Engine, EngineConfig, GenerateRequest, detokenize
 
 SGLANG_VERSION = "0.5.23"
 MODEL_PATH = "dspark-obs/emulator-target"
@@ -55,7 +65,7 @@ class EmulatorApp:
     """The Starlette app and the engine behind it."""
 
     def __init__(self, cfg: EngineConfig, *, port: int = 30000,
-                 launch_command: Optional[str] = None) -> None:
+                 launch_command: Optional[str] = None, test_hooks: bool = False) -> None:
         self.cfg = cfg
         self.port = port
         self.engine = Engine(cfg)
@@ -66,8 +76,15 @@ class EmulatorApp:
             "SGLANG_DSPARK_DEBUG_DUMP": ",".join(sorted(cfg.components)),
             "SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS": str(cfg.lag_steps),
         }
-        self.app = Starlette(routes=[
+        if cfg.estimate_path:
+            self.env["SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH"] = cfg.estimate_path
+            self.env["SGLANG_DSPARK_FOLDED_PROPOSAL"] = "0" if not cfg.folded_proposal else "1"
+        hooks = [Route("/emulator/restart", self.restart, methods=["POST"])] if test_hooks else []
+        self.app = Starlette(routes=hooks + [
             Route("/generate", self.generate, methods=["POST"]),
+            Route("/v1/completions", self.completions, methods=["POST"]),
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
             Route("/server_info", self.server_info, methods=["GET"]),
             Route("/get_server_info", self.server_info, methods=["GET"]),
             Route("/set_internal_state", self.set_internal_state, methods=["POST"]),
@@ -114,6 +131,136 @@ class EmulatorApp:
             return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
         result = await asyncio.wrap_future(fut)
         return Response(msgspec.json.encode(result), media_type="application/json")
+
+    # -- OpenAI-compatible endpoints (SGLang's serving_completions / serving_chat) --
+
+    async def _openai(self, request: Request, *, chat: bool) -> tuple[Optional[dict], Any]:
+        """Decode, validate and run an OpenAI request; returns (engine result, body) or an error response."""
+        try:
+            body = msgspec.json.decode(await request.body())
+        except msgspec.DecodeError as exc:
+            return None, JSONResponse({"object": "error", "message": f"invalid JSON: {exc}", "code": 400},
+                                      status_code=400)
+        if not isinstance(body, dict):
+            return None, JSONResponse({"object": "error", "message": "body must be a JSON object", "code": 400},
+                                      status_code=400)
+        if body.get("stream") or int(body.get("n") or 1) != 1:
+            return None, JSONResponse({"object": "error", "message": "the emulator serves stream=false, n=1 only",
+                                       "code": 400}, status_code=400)
+        if chat:
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                return None, JSONResponse({"object": "error", "message": "messages must be a non-empty list",
+                                           "code": 400}, status_code=400)
+            text = "\n".join(str(m.get("content", "")) for m in messages if isinstance(m, dict))
+            input_ids = None
+            max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
+            top = int(body.get("top_logprobs") or 0) if body.get("logprobs") else None
+        else:
+            prompt = body.get("prompt")
+            text, input_ids = (prompt, None) if isinstance(prompt, str) else (None, prompt)
+            if not prompt:
+                return None, JSONResponse({"object": "error", "message": "Prompt cannot be empty", "code": 400},
+                                          status_code=400)
+            max_tokens = body.get("max_tokens", 16)
+            top = body.get("logprobs")
+        temperature = body.get("temperature")
+        rid = body.get("rid") or f"{'chatcmpl' if chat else 'cmpl'}-{os.urandom(8).hex()}"
+        try:
+            req = GenerateRequest(
+                rid=str(rid), text=text, input_ids=input_ids,
+                temperature=1.0 if temperature is None else float(temperature),
+                max_new_tokens=int(max_tokens or 128), sampling_seed=body.get("seed"),
+                return_logprob=top is not None, top_logprobs_num=int(top or 0))
+            fut = self.engine.submit(req)
+        except (TypeError, ValueError) as exc:
+            return None, JSONResponse({"object": "error", "message": str(exc), "code": 400}, status_code=400)
+        return await asyncio.wrap_future(fut), body
+
+    @staticmethod
+    def _sglext(result: dict, body: dict) -> dict[str, Any]:
+        meta = result["meta_info"]
+        if not body.get("return_spec_tokens_details") or "spec_verify_ct" not in meta:
+            return {}
+        details = {  # SGLang's SpecTokensDetails: absent counters read 0 / []
+            "spec_accept_rate": meta.get("spec_accept_rate") or 0.0,
+            "spec_accept_length": meta.get("spec_accept_length") or 0.0,
+            "spec_cap_length": meta.get("spec_cap_length") or 0.0,
+            "spec_block_accept_length": meta.get("spec_block_accept_length") or 0.0,
+            "spec_num_correct_drafts": meta.get("spec_num_correct_drafts") or 0,
+            "spec_num_proposed_drafts": meta.get("spec_num_proposed_drafts") or 0,
+            "spec_verify_ct": meta.get("spec_verify_ct") or 0,
+            "spec_correct_drafts_histogram": meta.get("spec_correct_drafts_histogram") or [],
+            "spec_cap_lens_histogram": meta.get("spec_cap_lens_histogram") or [],
+        }
+        return {"sglext": {"spec_tokens_details": details}}
+
+    @staticmethod
+    def _usage(meta: dict) -> dict[str, Any]:
+        return {"prompt_tokens": meta["prompt_tokens"], "total_tokens": meta["prompt_tokens"] + meta["completion_tokens"],
+                "completion_tokens": meta["completion_tokens"], "prompt_tokens_details": None,
+                "reasoning_tokens": 0, "completion_tokens_details": None}
+
+    async def completions(self, request: Request) -> Response:
+        result, body = await self._openai(request, chat=False)
+        if result is None:
+            return body
+        meta, fr = result["meta_info"], result["meta_info"]["finish_reason"]
+        logprobs = None
+        if body.get("logprobs") is not None:
+            lps = meta.get("output_token_logprobs") or []
+            tops = meta.get("output_top_logprobs") or []
+            logprobs = {"text_offset": [-1] * len(lps), "token_logprobs": [e[0] for e in lps],
+                        "tokens": [detokenize([e[1]]) for e in lps],
+                        "top_logprobs": [{detokenize([t[1]]): t[0] for t in top} for top in tops]}
+        choice = {"index": 0, "text": result["text"], "logprobs": logprobs, "finish_reason": fr["type"],
+                  "matched_stop": fr.get("matched")}
+        if body.get("return_token_ids"):
+            choice["token_ids"] = result["output_ids"]
+        resp = {"id": meta["id"], "object": "text_completion", "created": int(time.time()),
+                "model": body.get("model") or MODEL_PATH, "choices": [choice], "usage": self._usage(meta),
+                "metadata": None, **self._sglext(result, body)}
+        return Response(msgspec.json.encode(resp), media_type="application/json")
+
+    async def chat_completions(self, request: Request) -> Response:
+        result, body = await self._openai(request, chat=True)
+        if result is None:
+            return body
+        meta, fr = result["meta_info"], result["meta_info"]["finish_reason"]
+        logprobs = None
+        if body.get("logprobs"):
+            tops = meta.get("output_top_logprobs") or []
+
+            def entry(tok: str, lp: float) -> dict[str, Any]:
+                return {"token": tok, "bytes": list(tok.encode()), "logprob": lp}
+
+            logprobs = {"content": [
+                {**entry(detokenize([e[1]]), e[0]),
+                 "top_logprobs": [entry(detokenize([t[1]]), t[0]) for t in (tops[i] if i < len(tops) else [])]}
+                for i, e in enumerate(meta.get("output_token_logprobs") or [])]}
+        choice = {"index": 0, "message": {"role": "assistant", "content": result["text"],
+                                          "reasoning_content": None, "tool_calls": None},
+                  "logprobs": logprobs, "finish_reason": fr["type"], "matched_stop": fr.get("matched")}
+        if body.get("return_token_ids"):
+            choice["response_token_ids"] = result["output_ids"]
+        resp = {"id": meta["id"], "object": "chat.completion", "created": int(time.time()),
+                "model": body.get("model") or MODEL_PATH, "choices": [choice], "usage": self._usage(meta),
+                "metadata": None, **self._sglext(result, body)}
+        return Response(msgspec.json.encode(resp), media_type="application/json")
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": MODEL_PATH, "object": "model", "created": int(self.startup_time), "owned_by": "sglang",
+             "root": MODEL_PATH, "max_model_len": 131072}]})
+
+    async def restart(self, request: Request) -> Response:
+        """Test hook: a server restart in place (new startup_time, forward_ct from 0, empty deques)."""
+        old = self.engine
+        old.stop()
+        self.engine = Engine(self.cfg)
+        self.engine.start()
+        self.startup_time = time.time()
+        return JSONResponse({"restarted": True, "startup_time": self.startup_time})
 
     async def server_info(self, request: Request) -> Response:
         payloads = self.engine.dump()
@@ -170,8 +317,10 @@ class EmulatorApp:
 class BackgroundServer:
     """Run the emulator in this process on a background thread (tests, demo)."""
 
-    def __init__(self, cfg: EngineConfig, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, cfg: EngineConfig, *, host: str = "127.0.0.1", port: int = 0,
+                 test_hooks: bool = False) -> None:
         self.cfg, self.host = cfg, host
+        self.test_hooks = test_hooks
         self._requested_port = port
         self.emulator: Optional[EmulatorApp] = None
         self._server: Optional[uvicorn.Server] = None
@@ -188,7 +337,8 @@ class BackgroundServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self._requested_port))
         self.port = sock.getsockname()[1]
-        self.emulator = EmulatorApp(self.cfg, port=self.port, launch_command="dspark-obs emulate")
+        self.emulator = EmulatorApp(self.cfg, port=self.port, launch_command="dspark-obs emulate",
+                                    test_hooks=self.test_hooks)
         config = uvicorn.Config(self.emulator.app, log_level="warning", access_log=False, lifespan="on")
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -213,9 +363,41 @@ class BackgroundServer:
         self.stop()
 
 
-def serve(cfg: EngineConfig, *, host: str = "127.0.0.1", port: int = 30000) -> None:
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def config_from_env(cfg: EngineConfig, environ: Mapping[str, str]) -> EngineConfig:
+    """``cfg`` with what SGLang reads from its environment applied.
+
+    ``SGLANG_DSPARK_DEBUG_DUMP`` (components, or ``all``; when set),
+    ``SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS``,
+    ``SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH`` and
+    ``SGLANG_DSPARK_FOLDED_PROPOSAL`` (default on: no estimator rows).  The
+    mode (``SGLANG_RAGGED_VERIFY_MODE``) is read by ``dspark-obs emulate`` when
+    ``--mode`` is not given.
+    """
+    changes: dict[str, Any] = {}
+    dump = environ.get("SGLANG_DSPARK_DEBUG_DUMP")
+    if dump is not None:
+        tokens = {t.strip() for t in dump.split(",") if t.strip()}
+        changes["components"] = ALL_COMPONENTS if "all" in tokens else frozenset(tokens)
+    lag = environ.get("SGLANG_DSPARK_CONFIDENCE_RELAY_LAG_STEPS")
+    if lag:
+        changes["lag_steps"] = int(lag)
+    path = environ.get("SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH")
+    if path:
+        changes["estimate_path"] = path
+        changes["folded_proposal"] = environ.get("SGLANG_DSPARK_FOLDED_PROPOSAL", "1").strip().lower() not in _FALSE
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def serve(cfg: EngineConfig, *, host: str = "127.0.0.1", port: int = 30000,
+          environ: Optional[Mapping[str, str]] = None) -> None:
     """Serve in the foreground until interrupted (``dspark-obs emulate``)."""
-    emulator = EmulatorApp(cfg, port=port)
+    environ = os.environ if environ is None else environ
+    cfg = config_from_env(cfg, environ)
+    hooks = environ.get("DSPARK_OBS_EMULATOR_TEST_HOOKS", "").strip().lower() not in _FALSE
+    emulator = EmulatorApp(cfg, port=port, test_hooks=hooks)
     uvicorn.run(emulator.app, host=host, port=port, log_level="warning", access_log=False)
 
 

@@ -21,7 +21,7 @@ from dspark_obs import records as ours
 pytestmark = pytest.mark.fidelity
 
 RECORD_SETTINGS = settings(
-    max_examples=400,
+    max_examples=250,
     deadline=None,
     derandomize=True,
     database=None,
@@ -203,7 +203,7 @@ def test_req_details_round_trip_both_ways(kwargs):
     assert msgspec.json.decode(_as_dumped(mine), type=sg_obs.ReqDetail) == theirs
 
 
-@settings(RECORD_SETTINGS, max_examples=150)
+@settings(RECORD_SETTINGS, max_examples=100)
 @given(
     records=st.lists(record_kwargs(), max_size=5),
     gamma=st.integers(1, 8),

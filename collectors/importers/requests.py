@@ -1,0 +1,120 @@
+"""Finished requests from files -> ``requests`` and ``tokens``.
+
+* ``--generate``: JSON lines, each a ``/generate`` response body (or a list of
+  them, as a batch request returns);
+* ``--request-log``: SGLang's ``--log-requests --log-requests-format json``
+  lines — ``[time] {"timestamp", "event", "rid", "obj", "out"}`` from its
+  logging handler (the ``[time] `` prefix is optional); ``request.finished``
+  events become rows, other events and non-JSON log lines are skipped — and
+  ``--export-metrics-to-file`` lines (``{"request_parameters": "<json>",
+  **meta_info}``), told apart by their keys.  Token rows are written only when
+  the log kept every ``output_token_logprobs`` entry (``--log-requests-level 3``;
+  lower levels truncate long lists with ``"..."``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from collectors.importers import ImportResult, TableSink, iter_json_documents, iter_lines
+from collectors.sglang.driver import PlannedRequest, response_rows
+
+_LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*")
+
+
+def _rows(sink: TableSink, body: dict, *, rid: Optional[str], workload: Callable, api: str,
+          sampling: dict, prompt: Optional[str], redact: bool) -> None:
+    meta = body.get("meta_info")
+    if not isinstance(meta, dict):
+        raise ValueError("no meta_info object")
+    rid = rid or meta.get("id")
+    if not isinstance(rid, str):
+        raise ValueError(f"no request id (rid or meta_info.id), got {rid!r}")
+    lps = meta.get("output_token_logprobs")
+    complete = isinstance(lps, list) and all(isinstance(e, list) and len(e) >= 2 for e in lps)
+    if lps is not None and not complete:
+        body = {**body, "meta_info": {k: v for k, v in meta.items()
+                                      if k not in ("output_token_logprobs", "output_top_logprobs")}}
+        body.pop("output_ids", None)
+    temp = sampling.get("temperature")
+    req = PlannedRequest(0, rid, workload(rid), prompt if isinstance(prompt, str) else None,
+                         temp if isinstance(temp, (int, float)) and not isinstance(temp, bool) else None,
+                         sampling.get("max_new_tokens") if isinstance(sampling.get("max_new_tokens"), int) else None,
+                         sampling.get("sampling_seed") if isinstance(sampling.get("sampling_seed"), int) else None)
+    row, tokens = response_rows(req, body, concurrency=None, submitted_at=None, finished_at=None,
+                                redact_text=redact)
+    row["api"] = api
+    sink.add("requests", row)
+    sink.add_table("tokens", tokens)
+    sink.result.rids.add(rid)
+
+
+def import_generate(store, run_id: str, path: str | Path, *, workload: Callable[[str], Any],
+                    redact_text: bool = False) -> ImportResult:
+    result = ImportResult("generate")
+    sink = TableSink(store, run_id, result, redact_text=redact_text)
+    source = f"generate-file:{Path(path).name}"
+    for line, value, error, text in iter_json_documents(path):
+        bodies = value if isinstance(value, list) else [value]
+        for body in bodies:
+            try:
+                if error is not None:
+                    raise ValueError(error)
+                if not isinstance(body, dict):
+                    raise ValueError(f"expected a /generate response object, got {type(body).__name__}")
+                _rows(sink, body, rid=None, workload=workload, api="generate", sampling={}, prompt=None,
+                      redact=redact_text)
+            except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+                sink.dead(f"{source}:{line}", str(exc), text)
+    sink.close()
+    return result
+
+
+def import_request_log(store, run_id: str, path: str | Path, *, workload: Callable[[str], Any],
+                       redact_text: bool = False) -> ImportResult:
+    result = ImportResult("request-log")
+    sink = TableSink(store, run_id, result, redact_text=redact_text)
+    source = f"request-log:{Path(path).name}"
+    for line, raw in iter_lines(path):
+        text = _LOG_PREFIX.sub("", raw, count=1)
+        if not text.startswith("{"):
+            result.skipped += 1  # an ordinary log line
+            continue
+        try:
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"not JSON: {exc}") from exc
+            if not isinstance(data, dict):
+                raise ValueError("expected a JSON object")
+            if "request_parameters" in data:  # --export-metrics-to-file
+                params = data.get("request_parameters")
+                params = json.loads(params) if isinstance(params, str) else (params or {})
+                if not isinstance(params, dict):
+                    raise ValueError("request_parameters is not a JSON object")
+                meta = {k: v for k, v in data.items() if k != "request_parameters"}
+                sp = params.get("sampling_params") if isinstance(params.get("sampling_params"), dict) else {}
+                _rows(sink, {"meta_info": meta}, rid=params.get("rid") if isinstance(params.get("rid"), str)
+                      else None, workload=workload, api="log", sampling=sp, prompt=params.get("text"),
+                      redact=redact_text)
+            elif "event" in data:
+                if data["event"] != "request.finished":
+                    result.skipped += 1
+                    continue
+                obj = data.get("obj") if isinstance(data.get("obj"), dict) else {}
+                out = data.get("out")
+                if not isinstance(out, dict):
+                    raise ValueError("request.finished without an 'out' object")
+                sp = obj.get("sampling_params") if isinstance(obj.get("sampling_params"), dict) else {}
+                rid = data.get("rid") if isinstance(data.get("rid"), str) else None
+                _rows(sink, out, rid=rid, workload=workload, api="log", sampling=sp, prompt=obj.get("text"),
+                      redact=redact_text)
+            else:
+                raise ValueError("neither a request log event nor an exported metrics line")
+        except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+            sink.dead(f"{source}:{line}", str(exc), raw)
+    sink.close()
+    return result

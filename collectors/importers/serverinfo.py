@@ -1,0 +1,66 @@
+"""Saved ``/server_info`` bodies -> ``steps``, ``step_reqs``, ``gaps`` (``--server-info FILE``).
+
+The file holds successive bodies as ``curl -s URL/server_info >> file`` saves
+them: one per line, or run together.  They go through the same decoder and
+high-water cursor as live polling, so overlapping bodies are read once, and
+deque wraps, clears and restarts between two saved bodies become ``gaps``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+import pyarrow as pa
+
+from collectors.importers import ImportResult, TableSink, iter_json_documents, now
+from collectors.sglang.cursor import ForwardCursor
+from collectors.sglang.decode import PayloadError, decode_server_info, records_to_tables_safe, server_args
+from dspark_obs import schema
+
+
+def import_server_info(store, run_id: str, path: str | Path) -> ImportResult:
+    result = ImportResult("server-info")
+    sink = TableSink(store, run_id, result)
+    cursor = ForwardCursor()
+    source = f"server-info:{Path(path).name}"
+    for line, value, error, text in iter_json_documents(path):
+        try:
+            if error is not None:
+                raise PayloadError(error)
+            body = msgspec.json.encode(value)
+            info = decode_server_info(body)
+        except (PayloadError, TypeError, ValueError, OverflowError) as exc:
+            sink.dead(f"{source}:{line}", str(exc), text)
+            continue
+        if "args" not in result.meta:
+            first = next((r for r in info.ranks if r.gamma or r.mode), None)
+            args = server_args(body)
+            result.meta.update(args=json.dumps(args, default=str)[:1_000_000], dp_size=len(info.ranks),
+                               mode=first.mode if first else None, gamma=first.gamma if first else None,
+                               version=info.version if isinstance(info.version, str) else None,
+                               startup_time=info.startup_time)
+        delta = cursor.advance(info)
+        for rank in info.ranks:
+            for reason, raw in rank.dead:
+                sink.dead(f"{source}:{line}", reason, raw.decode("utf-8", "replace"))
+        if delta.gaps:
+            result.gaps += len(delta.gaps)
+            sink.add_table("gaps", pa.Table.from_pylist([{
+                "dp_rank": g.dp_rank, "first_missing_forward_ct": g.first_missing_forward_ct,
+                "last_missing_forward_ct": g.last_missing_forward_ct, "reason": g.reason, "segment": g.segment,
+                "detected_at": now()} for g in delta.gaps], schema=schema.schema_for("gaps")))
+        ranks = {r.dp_rank: r for r in info.ranks}
+        for dp_rank, records in delta.new.items():
+            rank = ranks[dp_rank]
+            offset = len(rank.records) - len(records)
+            steps, reqs, dead = records_to_tables_safe(records, rank.raws[offset:], dp_rank=dp_rank,
+                                                       segment=cursor.segment)
+            for reason, raw in dead:
+                sink.dead(f"{source}:{line}", reason, raw.decode("utf-8", "replace"))
+            sink.add_table("steps", steps)
+            sink.add_table("step_reqs", reqs)
+            result.rids.update(r for r in reqs.column("rid").to_pylist() if r is not None)
+    sink.close()
+    return result

@@ -1,0 +1,120 @@
+"""``dspark-obs ingest``: import a server's files into the store under one run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(ingest)
+
+
+def _fail(message: str) -> None:
+    from dspark_obs.cli import console
+
+    console.print(f"[red]error:[/red] {message}")
+    raise typer.Exit(2)
+
+
+def ingest(
+    out: str = typer.Option(..., help="The store: a directory or an object-store URL (s3://bucket/prefix)."),
+    run_id: str = typer.Option(..., help="Run to import into. Letters, digits, '.', '_', '-'."),
+    server_info: list[Path] = typer.Option([], help="JSON lines, each a /server_info body (as `curl -s URL/server_info >> FILE` saves them); repeatable."),
+    generate: list[Path] = typer.Option([], help="JSON lines, each a /generate response body; repeatable."),
+    request_log: list[Path] = typer.Option([], help="SGLang --log-requests-format json lines and/or --export-metrics-to-file lines; repeatable."),
+    estimator_jsonl: list[Path] = typer.Option([], help="SGLang's block-accept estimator JSONL (SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH) -> estimator_records; repeatable."),
+    sps_table: list[Path] = typer.Option([], help="Cost table JSON (1-D or additive, --speculative-dspark-sps-table-path) -> cost_tables; repeatable."),
+    sps_records: list[Path] = typer.Option([], help="SPS profiler <stem>.records.jsonl / <stem>.rounds.jsonl / <out>.manifest.json -> sps_records, sps_rounds; repeatable."),
+    sts: list[Path] = typer.Option([], help="STS calibration JSON (--speculative-dspark-confidence-sts-path) -> sts_calibrations; repeatable."),
+    workload_map: Optional[Path] = typer.Option(None, help="CSV with columns rid,workload; overrides the rid pattern."),
+    rid_pattern: Optional[str] = typer.Option(None, help="Regex for the workload in a rid (named group 'workload' or group 1). Default: the text before the last '-' when the rest is a number."),
+    replace: bool = typer.Option(False, help="Drop the run's data first (local store only) instead of refusing an existing run."),
+    redact_text: bool = typer.Option(False, help="Store no prompt or output text."),
+    label: list[str] = typer.Option([], help="KEY=VALUE label stored on the run; repeatable."),
+) -> None:
+    """Import what an SGLang DSpark server left on disk, without a live server.
+
+    Lines that do not fit SGLang's formats go to `dead_letters` with the reason; the import goes on.
+
+    Example: `dspark-obs ingest --out data --run-id prod-1 --server-info info.jsonl --request-log metrics.log --estimator-jsonl est.jsonl`
+    """
+    from collectors.importers import WorkloadResolver, now
+    from collectors.importers.artifacts import import_cost_table, import_sps_records, import_sts
+    from collectors.importers.estimator import import_estimator_jsonl
+    from collectors.importers.requests import import_generate, import_request_log
+    from collectors.importers.serverinfo import import_server_info
+    from dspark_obs.objstore import open_store
+    from dspark_obs import schema
+    from dspark_obs.cli import _parse_labels, console
+    from dspark_obs.store import Store, validate_run_id
+
+    try:
+        validate_run_id(run_id)
+    except ValueError as exc:
+        _fail(str(exc))
+    files = {"--server-info": server_info, "--generate": generate, "--request-log": request_log,
+             "--estimator-jsonl": estimator_jsonl, "--sps-table": sps_table, "--sps-records": sps_records,
+             "--sts": sts}
+    if not any(files.values()):
+        _fail(f"nothing to import: give at least one of {', '.join(files)}")
+    for flag, paths in files.items():
+        for p in paths:
+            if not p.is_file():
+                _fail(f"{flag} {p}: no such file")
+    try:
+        resolver = (WorkloadResolver.from_csv(workload_map, rid_pattern) if workload_map
+                    else WorkloadResolver(rid_pattern))
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
+    labels = _parse_labels(label)
+    store = open_store(out)
+    if run_id in {r["run_id"] for r in store.read("runs").to_pylist()}:
+        if not replace:
+            _fail(f"run {run_id!r} already exists in {out}; pick another --run-id or pass --replace")
+        if not isinstance(store, Store):
+            _fail("--replace works on a local store only; pick another --run-id")
+        for table in schema.TABLES:
+            store.drop_run(table, run_id)
+
+    store.upsert_run(run_id, started_at=now(), source="import",
+                     labels={**labels, "imported": ",".join(f.lstrip("-") for f, p in files.items() if p),
+                             **({"redact_text": "true"} if redact_text else {})})
+    results = []
+    for p in server_info:
+        results.append(import_server_info(store, run_id, p))
+    for p in generate:
+        results.append(import_generate(store, run_id, p, workload=resolver, redact_text=redact_text))
+    for p in request_log:
+        results.append(import_request_log(store, run_id, p, workload=resolver, redact_text=redact_text))
+    for p in estimator_jsonl:
+        results.append(import_estimator_jsonl(store, run_id, p, redact_text=redact_text))
+    for p in sps_table:
+        results.append(import_cost_table(store, run_id, p))
+    for p in sps_records:
+        results.append(import_sps_records(store, run_id, p))
+    for p in sts:
+        results.append(import_sts(store, run_id, p))
+
+    # Rids seen in steps or estimator rows but in no imported request still get their workload.
+    have = set(store.read("requests", run_id).column("rid").to_pylist())
+    seen = set().union(*(r.rids for r in results)) - have
+    if seen:
+        store.write("requests", run_id, [{"rid": rid, "workload": resolver(rid)} for rid in sorted(seen)])
+    run_fields = {"ended_at": now(), "end_reason": "completed"}
+    info = next((r.meta for r in results if r.meta.get("args")), None)
+    if info:
+        run_fields.update(mode=info["mode"], gamma=info["gamma"], dp_size=info["dp_size"],
+                          server_version=info["version"], startup_time=info["startup_time"],
+                          server_info=info["args"])
+    store.upsert_run(run_id, **run_fields)
+    for r in results:
+        rows = ", ".join(f"{n} {t}" for t, n in sorted(r.rows.items())) or "no rows"
+        extra = f", {r.gaps} gaps" if r.gaps else ""
+        skipped = f", {r.skipped} lines skipped" if r.skipped else ""
+        console.print(f"{r.kind}: {rows}{extra}, {r.dead_letters} dead letters{skipped}")
+    total_dead = sum(r.dead_letters for r in results)
+    console.print(f"run [bold]{run_id}[/bold]: {sum(r.total_rows for r in results)} rows imported, "
+                  f"{total_dead} dead letters -> {out}")

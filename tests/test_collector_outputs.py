@@ -1,0 +1,177 @@
+"""What the collector exposes and where it writes: Prometheus metrics, OpenAI traffic, redaction, S3."""
+
+import asyncio
+import os
+import threading
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from dspark_obs.objstore import ObjectStore, connect_sql, open_store
+from collectors.sglang.driver import DriveSpec
+from collectors.sglang.metrics import SidecarMetrics
+from collectors.sglang.session import CollectOptions, Collector, collect
+from dspark_obs import sql
+from dspark_obs.store import Store
+
+
+def _scrape(port):
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_sidecar_metrics_count_rows_and_give_censoring_aware_gauges(tmp_path, emulator):
+    srv = emulator(mode="cap-accept", seed=21)
+    metrics = SidecarMetrics(window_rows=10**9)
+    port = metrics.serve(0)
+    try:
+        store = Store(tmp_path)
+        col = Collector(store, CollectOptions(url=srv.url, run_id="m", poll_interval=0.05, flush_interval=0.2,
+                                              clear_at=0, drive=DriveSpec(["gsm8k", "poetry"], 24, concurrency=8,
+                                                                          max_new_tokens=80)), metrics=metrics)
+        summary = asyncio.run(col.run())
+        got = _scrape(port)
+    finally:
+        metrics.close()
+    assert got[("dspark_obs:rows_total", (("table", "steps"),))] == summary.steps
+    assert got[("dspark_obs:rows_written_total", (("table", "step_reqs"),))] == summary.step_reqs
+    assert got[("dspark_obs:polls_total", ())] == summary.polls
+    assert got[("dspark_obs:poll_lag_seconds", ())] >= 0
+    con = sql.connect(tmp_path)
+    # Hand-computed from the stored rows: acceptance of draft k among request-steps that verified it.
+    for k in (1, 3, 6):
+        acc, = con.execute(f"""SELECT avg((correct_drafts >= {k})::DOUBLE) FROM step_reqs
+                              WHERE verify_len - 1 >= {k} AND correct_drafts >= {k - 1}""").fetchone()
+        assert got[("dspark_obs:verified_window_acceptance", (("position", str(k)),))] == pytest.approx(acc)
+    censored, window = con.execute("""SELECT avg((correct_drafts = verify_len - 1 AND verify_len - 1 < 6)::DOUBLE),
+                                             avg(verify_len - 1) FROM step_reqs""").fetchone()
+    assert got[("dspark_obs:censored_step_share", ())] == pytest.approx(censored)
+    assert got[("dspark_obs:mean_window", ())] == pytest.approx(window)
+    assert 0 < got[("dspark_obs:verified_window_confidence", (("position", "1"),))] < 1
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_openai_traffic_reads_spec_tokens_details_and_commits_the_same_tokens(tmp_path, emulator, api):
+    store = Store(tmp_path)
+    for run, a in (("g", "generate"), ("o", api)):
+        srv = emulator(mode="compact", seed=22)  # a fresh server per run: attach mode reads the whole deque
+        s = collect(store, CollectOptions(url=srv.url, run_id=run, poll_interval=0.05, flush_interval=0.2,
+                                          drive=DriveSpec(["gsm8k", "poetry"], 10, concurrency=5, temperature=0.7,
+                                                          max_new_tokens=60, api=a)))
+        assert s.requests == 10 and s.failed_requests == 0
+    con = sql.connect(tmp_path)
+    # sglext.spec_tokens_details agrees with the per-step records of the same run.
+    rows = con.execute("""SELECT r.rid, r.api, r.spec_verify_ct, s.n, r.spec_cap_length, s.cap,
+                                 list_sum(r.spec_cap_lens_histogram), r.spec_block_accept_length
+                          FROM requests r JOIN (SELECT rid, count(*) n, avg(verify_len) cap FROM step_reqs
+                                                WHERE run_id = 'o' GROUP BY rid) s USING (rid)
+                          WHERE r.run_id = 'o'""").fetchall()
+    assert len(rows) == 10
+    for rid, got_api, verify_ct, n, cap, cap_steps, hist_total, block in rows:
+        assert got_api == api and verify_ct == n == hist_total and cap == pytest.approx(cap_steps), rid
+        assert block is None  # compact: SpecTokensDetails' 0.0 means "not reported"
+    same = con.execute("""SELECT count(*) FROM (SELECT rid, list(token_id ORDER BY pos) FILTER (WHERE run_id='g') a,
+                          list(token_id ORDER BY pos) FILTER (WHERE run_id='o') b,
+                          list(logprob ORDER BY pos) FILTER (WHERE run_id='o') l FROM tokens GROUP BY rid)
+                          WHERE a = b AND list_count(l) = len(a)""").fetchone()[0]
+    assert same == 10
+
+
+def test_redact_text_stores_no_text(tmp_path, emulator):
+    srv = emulator(mode="compact", seed=23)
+    store = Store(tmp_path)
+    collect(store, CollectOptions(url=srv.url, run_id="r", flush_interval=0.2, redact_text=True,
+                                  drive=DriveSpec(["poetry"], 4, concurrency=2, max_new_tokens=20, redact_text=True)))
+    req = store.read("requests", "r").to_pylist()
+    assert req and all(r["prompt_text"] is None and r["output_text"] is None for r in req)
+    assert dict(store.read("runs", "r").to_pylist()[0]["labels"])["redact_text"] == "true"
+
+
+# -- object store --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def s3_url():
+    """A local S3-compatible server (moto), with one shim for a moto quirk.
+
+    moto 5 answers CompleteMultipartUpload with a ``CompleteMultipartUploadResponse``
+    root element where S3 sends ``CompleteMultipartUploadResult``; the AWS C++ SDK
+    inside pyarrow then reports an error, so the shim renames the element.
+    """
+    from moto.server import DomainDispatcherApplication, create_backend_app
+    from werkzeug.serving import make_server
+
+    app = DomainDispatcherApplication(create_backend_app)
+
+    def shim(environ, start_response):
+        seen = {}
+        body = b"".join(app(environ, lambda status, headers, exc_info=None: seen.update(s=status, h=headers)))
+        headers = seen["h"]
+        if b"CompleteMultipartUploadResponse" in body:
+            body = body.replace(b"CompleteMultipartUploadResponse", b"CompleteMultipartUploadResult")
+            headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(len(body)))]
+        start_response(seen["s"], headers)
+        return [body]
+
+    server = make_server("127.0.0.1", 0, shim, threaded=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
+    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
+    url = (f"s3://dspark-obs/runs?endpoint_override=127.0.0.1:{server.server_port}&scheme=http"
+           "&region=us-east-1&allow_bucket_creation=true")
+    store = ObjectStore(url, writer_id="setup")
+    store.fs.create_dir("dspark-obs")
+    yield url
+    server.shutdown()
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+def test_object_store_round_trip_with_sidecars_side_by_side(s3_url, emulator):
+    srv = emulator(mode="compact", seed=24, dp_size=2)
+    summaries = {}
+    for writer in ("hostA.1", "hostB.2"):  # two sidecars, same bucket, no coordination
+        store = open_store(s3_url, writer_id=writer)
+        summaries[writer] = collect(store, CollectOptions(
+            url=srv.url, run_id=f"s3-{writer.split('.')[0]}", poll_interval=0.05, flush_interval=0.2, clear_at=0,
+            drive=DriveSpec(["gsm8k"], 8, concurrency=4, max_new_tokens=40)))
+    reader = ObjectStore(s3_url, writer_id="reader")
+    assert reader.runs() == ["s3-hostA", "s3-hostB"]
+    names = [i.base_name for i in reader.fs.get_file_info(
+        __import__("pyarrow.fs", fromlist=["FileSelector"]).FileSelector(f"{reader.base}/steps", recursive=True))
+        if i.base_name.startswith("part-")]
+    assert {n.split("-")[2] for n in names} == {"hostA.1", "hostB.2"}   # writer id in every file name
+    con = connect_sql(s3_url)
+    counts = dict(con.execute("SELECT run_id, count(*) FROM steps GROUP BY 1").fetchall())
+    assert counts == {f"s3-{w.split('.')[0]}": s.steps for w, s in summaries.items()}
+    runs = con.execute("SELECT run_id, end_reason, dp_size FROM runs ORDER BY 1").fetchall()
+    assert runs == [("s3-hostA", "completed", 2), ("s3-hostB", "completed", 2)]
+    assert con.execute("SELECT count(*) FROM step_reqs_w WHERE workload = 'gsm8k'").fetchone()[0] == \
+        sum(s.step_reqs for s in summaries.values())
+
+
+def test_the_grafana_dashboard_only_uses_metrics_the_sidecar_serves():
+    import json
+    import re
+    from pathlib import Path
+
+    import pyarrow as pa
+
+    dash = json.loads((Path(__file__).resolve().parents[1] / "examples" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", [])]
+    used = {m for e in exprs for m in re.findall(r"dspark_obs:[a-z_]+", e)}
+    metrics = SidecarMetrics()
+    metrics.on_poll(0.01)
+    metrics.on_rank(0, 5, 9)
+    metrics.on_step_reqs(pa.table({"verify_len": pa.array([3], pa.int16()), "correct_drafts": pa.array([2], pa.int16()),
+                                   "acc_len": pa.array([3], pa.int16()), "draft_tokens": [[1] * 6],
+                                   "confidence": [[0.9] * 6]}))
+    for name, labels in (("rows", ("steps",)), ("rows_written", ("steps",)), ("rows_dropped", ("steps",)),
+                         ("gaps", ("clear",)), ("lost", ("clear",)), ("dead_letters", ("/server_info",))):
+        getattr(metrics, name).labels(*labels).inc()
+    served = {s.name for fam in metrics.registry.collect() for s in fam.samples}
+    assert used and used <= served, used - served
