@@ -68,6 +68,7 @@ def emulate(
     sts: Optional[Path] = typer.Option(None, help="STS calibration JSON ({temperatures: [...]}) applied to the head."),
     head_temperature: Optional[str] = typer.Option(None, help="Comma-separated per-position miscalibration temperatures of the head (1 = calibrated, <1 over-confident)."),
     real_time: float = typer.Option(0.0, help="0: virtual clock (fast); 1: sleep each step's modelled time."),
+    lockstep_concurrency: int = typer.Option(0, help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
 ) -> None:
     """Serve the DSpark emulator: SGLang 0.5.23's HTTP endpoints over a real scheduler.
 
@@ -87,7 +88,7 @@ def emulate(
             sts_temperatures=load_sts_temperatures(str(sts)) if sts else None,
             head_temperature=tuple(float(x) for x in head_temperature.split(",")) if head_temperature
             else DEFAULT_HEAD_TEMPERATURE,
-            real_time=real_time,
+            real_time=real_time, lockstep_concurrency=lockstep_concurrency,
         )
     except (ValueError, OSError) as exc:
         _fail(str(exc))

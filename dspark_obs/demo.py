@@ -17,8 +17,7 @@ from rich.table import Table
 from collectors.sglang.driver import DriveSpec
 from collectors.sglang.session import CollectOptions, collect
 from dspark_obs import sql as sqlmod
-from dspark_obs.emulator.engine import EngineConfig
-from dspark_obs.emulator.server import BackgroundServer
+from dspark_obs.emulator.server import SubprocessServer
 from dspark_obs.store import Store
 
 WORKLOADS = ["gsm8k", "arena-hard", "poetry"]
@@ -37,7 +36,7 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
     for mode, run_id in runs.items():
         for table in store.tables():  # a re-run of the demo replaces its own runs
             store.drop_run(table, run_id)
-        with BackgroundServer(EngineConfig(mode=mode, seed=seed)) as server:
+        with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency) as server:
             console.print(f"[bold]{mode}[/bold]: emulator on {server.url}, collecting run {run_id} "
                           f"({n_requests} requests, concurrency {concurrency})")
             summary = collect(store, CollectOptions(

@@ -69,6 +69,9 @@ class EngineConfig:
     expose_truth: bool = True
     track_produced: bool = False  # keep every produced record's key (tests)
     real_time: float = 0.0  # 0 = virtual clock; 1 = sleep each step's time
+    # Closed-loop determinism (see Engine._await_closed_loop_refill); 0 = off.
+    lockstep_concurrency: int = 0
+    lockstep_wait_s: float = 0.25
     # SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH; rows are written only with
     # folded_proposal False (SGLANG_DSPARK_FOLDED_PROPOSAL=0), as in SGLang.
     estimate_path: Optional[str] = None
@@ -251,9 +254,11 @@ class _Rank:
         cfg = self.engine.cfg
         admitted: list[_Running] = []
         while self.waiting and self.free_slots:
-            r = self.waiting.popleft()
+            admitted.append(self.waiting.popleft())
+        if cfg.lockstep_concurrency:
+            admitted.sort(key=lambda r: r.req.rid)  # arrival order within a step is HTTP noise
+        for r in admitted:
             r.pool_index = self.free_slots.pop()
-            admitted.append(r)
         if not admitted:
             return False
         self.forward_ct += 1
@@ -418,6 +423,9 @@ class Engine:
         self._thread: Optional[threading.Thread] = None
         self._stop = False
         self._submitted = 0
+        # lockstep: how many were in flight before the last forward finished some (C at start)
+        self._in_flight_before_finish = cfg.lockstep_concurrency
+        self._last_submit = time.monotonic()
         self.requests_finished = 0
 
     # -- submission ----------------------------------------------------------
@@ -439,17 +447,23 @@ class Engine:
                   else {"type": "length", "length": req.max_new_tokens})
         fut: concurrent.futures.Future = concurrent.futures.Future()
         with self.lock:
-            rank = self.ranks[self._submitted % len(self.ranks)]
+            if self.cfg.lockstep_concurrency:  # routing must not depend on arrival order either
+                rank = self.ranks[model.stable_hash(req.rid) % len(self.ranks)]
+            else:
+                rank = self.ranks[self._submitted % len(self.ranks)]
             self._submitted += 1
             run = _Running(req=req, input_ids=input_ids, track=track,
                            draft_key=(seed, prompt_key, sample_key, 3),
                            end=end, finish_reason=reason, pool_index=-1,
                            submitted_clock=rank.clock, future=fut)
             rank.waiting.append(run)
+            self._last_submit = time.monotonic()
             self._wake.notify()
         return fut
 
     def _finish(self, rank: _Rank, r: _Running) -> None:
+        if self.cfg.lockstep_concurrency and not self._in_flight_before_finish:
+            self._in_flight_before_finish = sum(len(x.waiting) + len(x.running) for x in self.ranks) + 1
         rank.free_slots.append(r.pool_index)
         self.requests_finished += 1
         r.future.set_result(self._result(rank, r))
@@ -521,12 +535,37 @@ class Engine:
 
     def _loop(self) -> None:
         while not self._stop:
+            self._await_closed_loop_refill()
             if not self.step():
                 with self.lock:
                     if not self._stop and not any(r.waiting or r.running for r in self.ranks):
                         self._wake.wait(timeout=0.5)
             else:
                 time.sleep(0)  # let request handlers in between steps
+
+    def _await_closed_loop_refill(self) -> None:
+        """Lockstep: hold the next forward until a closed-loop client has refilled.
+
+        With ``lockstep_concurrency = C`` the engine waits (real time, at most
+        ``lockstep_wait_s``) while fewer than C requests are in flight, so the
+        batch a step sees does not depend on HTTP latency: the same traffic
+        replayed against another mode meets the same batches, the same budgets
+        and the same windows, and every compact step has a companion step.
+        """
+        target = self.cfg.lockstep_concurrency
+        if not target:
+            return
+        with self.lock:
+            # Refill what the last forward finished (C at start), while arrivals keep
+            # coming: give up once none has arrived for lockstep_wait_s.
+            want = min(target, self._in_flight_before_finish)
+            while not self._stop:
+                in_flight = sum(len(r.waiting) + len(r.running) for r in self.ranks)
+                quiet = time.monotonic() - self._last_submit
+                if in_flight >= want or (in_flight > 0 and quiet >= self.cfg.lockstep_wait_s):
+                    self._in_flight_before_finish = 0
+                    return
+                self._wake.wait(timeout=self.cfg.lockstep_wait_s if in_flight else 0.5)
 
     # -- introspection --------------------------------------------------------
     def dump(self) -> list[Optional[dict]]:

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -364,6 +365,65 @@ class BackgroundServer:
 
 
 _FALSE = ("0", "false", "no", "off", "")
+
+
+class SubprocessServer:
+    """Run ``dspark-obs emulate`` as a child process, as a real server would run.
+
+    The demo uses it so the engine does not share an interpreter (and its GIL)
+    with the collector: a closed-loop client's refills then arrive in
+    milliseconds, which lockstep batching relies on.
+    """
+
+    def __init__(self, *, host: str = "127.0.0.1", startup_timeout: float = 60.0, **options: Any) -> None:
+        self.host, self.startup_timeout, self.options = host, startup_timeout, options
+        self.port = 0
+        self._proc: Optional[subprocess.Popen] = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> "SubprocessServer":
+        import socket
+
+        import httpx
+
+        with socket.socket() as sock:
+            sock.bind((self.host, 0))
+            self.port = sock.getsockname()[1]
+        args = [sys.executable, "-m", "dspark_obs.cli", "emulate", "--host", self.host, "--port", str(self.port)]
+        for name, value in self.options.items():
+            args += [f"--{name.replace('_', '-')}", str(value)]
+        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
+                raise RuntimeError(f"emulator exited with {self._proc.returncode}: {err.strip()[-2000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"emulator did not answer {self.url}/health within {self.startup_timeout:.0f} s")
+
+    def stop(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.terminate()
+            try:
+                self._proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()
+                self._proc.wait()
+
+    def __enter__(self) -> "SubprocessServer":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def config_from_env(cfg: EngineConfig, environ: Mapping[str, str]) -> EngineConfig:
