@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 FIDELITY_VENV ?= .fidelity-venv
 DEMO_OUT ?= demo-data
 
-.PHONY: install demo test test-main test-fidelity clean
+.PHONY: install chromium demo test test-main test-fidelity clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,12 +18,19 @@ $(BIN)/.installed: pyproject.toml
 
 install: $(BIN)/.installed
 
+# Debian's chromium: the browser tests drive it with Playwright, and kaleido uses
+# it to export figures as PNG.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
+
 demo: install
 	$(BIN)/dspark-obs demo --out $(DEMO_OUT)
 
 test: test-main test-fidelity
 
-test-main: install
+test-main: install chromium
 	$(BIN)/python -m pytest -q
 
 test-fidelity:
