@@ -265,15 +265,17 @@ def query(
 
 def _strip_tail(text: str) -> str:
     """Drop trailing comments and the final ``;`` so the statement can be wrapped (LIMIT)."""
+    # duckdb.tokenize reports byte offsets: cut the UTF-8 bytes, not the str.
+    raw = text.encode()
     tokens = duckdb.tokenize(text)
     while tokens:
         pos, kind = tokens[-1]
-        if kind == duckdb.token_type.comment or (kind == duckdb.token_type.operator and text[pos] == ";"):
-            text = text[:pos]
+        if kind == duckdb.token_type.comment or (kind == duckdb.token_type.operator and raw[pos:pos + 1] == b";"):
+            raw = raw[:pos]
             tokens.pop()
         else:
             break
-    return text.rstrip()
+    return raw.decode().rstrip()
 
 
 def _run_with_timeout(con, body: str, params, timeout_s: float | None, limit: int | None) -> pa.Table:

@@ -298,3 +298,9 @@ def test_table_format_aligns_columns():
 def test_unknown_format_is_an_error():
     with pytest.raises(ValueError, match="unknown format 'xml'; use 'table', 'csv' or 'json'"):
         sql.format_result(FORMAT_INPUT, "xml")
+
+
+def test_non_ascii_text_before_a_trailing_semicolon_survives_the_row_limit(tmp_path):
+    con = sql.connect(tmp_path)
+    out = sql.query(con, "SELECT 'é—x' AS s -- a comment — with a dash\n;", limit=3)
+    assert out.to_pylist() == [{"s": "é—x"}]

@@ -1,0 +1,50 @@
+-- Dashboard Ceiling: request-steps per estimate category (SGLang's analyzer categories) per run and workload.
+--
+-- From the ceiling table of `dspark-obs estimate`: exact_in_window (the
+-- window rejected a draft, or covered the block), censored_resolved_exact,
+-- censored_diverged, censored_eos, censored_at_end.  share is within the
+-- (run, workload).
+--
+-- Parameters:
+--   $runs        only these run ids (list); default NULL (every run)
+--   $workloads   only these workloads (list); default NULL
+--   $dp_ranks    only these DP ranks (list); default NULL
+--   $t0          requests submitted at or after this time; default NULL
+--   $t1          requests submitted at or before this time; default NULL
+-- Output columns:
+--   run_id, workload, category, request_steps, share, mean_width
+WITH rq AS (  -- one row per request: its workload and submission time
+    SELECT run_id, rid, coalesce(any_value(workload), 'unknown') AS workload, any_value(submitted_at) AS submitted_at
+    FROM requests
+    WHERE $runs IS NULL OR list_contains($runs, run_id)
+    GROUP BY run_id, rid
+),
+meth AS (  -- one estimator method per run: 'default' when present
+    SELECT run_id, CASE WHEN bool_or(method = 'default') THEN 'default' ELSE min(method) END AS method
+    FROM ceiling GROUP BY run_id
+),
+per_req AS (
+    SELECT c.run_id, c.rid, c.category, count(*) AS n, sum(c.hi - c.lo) AS width
+    FROM ceiling AS c
+    JOIN meth AS m ON m.run_id = c.run_id AND m.method = c.method
+    WHERE ($runs IS NULL OR list_contains($runs, c.run_id))
+      AND ($dp_ranks IS NULL OR list_contains($dp_ranks, c.dp_rank))
+    GROUP BY c.run_id, c.rid, c.category
+),
+per_wl AS (
+    SELECT p.run_id, coalesce(q.workload, 'unknown') AS workload, p.category, sum(p.n) AS n, sum(p.width) AS width
+    FROM per_req AS p
+    LEFT JOIN rq AS q ON q.run_id = p.run_id AND q.rid = p.rid
+    WHERE ($workloads IS NULL OR list_contains($workloads, coalesce(q.workload, 'unknown')))
+      AND ($t0 IS NULL OR q.submitted_at >= $t0) AND ($t1 IS NULL OR q.submitted_at <= $t1)
+    GROUP BY p.run_id, coalesce(q.workload, 'unknown'), p.category
+)
+SELECT
+    run_id,
+    workload,
+    category,
+    CAST(n AS BIGINT) AS request_steps,
+    n / sum(n) OVER (PARTITION BY run_id, workload) AS share,
+    width / n AS mean_width
+FROM per_wl
+ORDER BY run_id, workload, category;

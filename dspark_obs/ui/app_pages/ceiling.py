@@ -1,0 +1,60 @@
+"""Ceiling: accepted vs full-block acceptance per workload and position, estimate categories, validation."""
+
+import streamlit as st
+
+from dspark_obs.ui import charts, widgets
+
+ds, f = widgets.context()
+st.title("Ceiling")
+st.caption("Compact mode hides what a full-block verify would have accepted (the ceiling). Cap-accept runs show "
+           "it exactly; for compact runs `dspark-obs estimate` reconstructs it from the tokens committed later.")
+if ds.empty:
+    widgets.empty_store_notice(ds)
+    st.stop()
+
+with widgets.guard("Accepted vs ceiling per workload"):
+    wl = ds.q("ui_workloads", f)
+    if wl.empty:
+        st.info("No request-steps match the filters.", icon=":material/filter_alt_off:")
+    else:
+        widgets.show_chart(charts.accept_vs_ceiling(wl), key="ceiling-accept-vs-ceiling")
+
+with widgets.guard("Acceptance by position"):
+    pos = ds.q("ui_ceiling_position", f)
+    if pos.empty:
+        widgets.needs_table(ds, "ceiling", "dspark-obs estimate --data {data}",
+                            "Acceptance by position (compact runs without a cap-accept run)")
+    else:
+        widgets.show_chart(charts.acceptance_by_position(pos), key="ceiling-by-position")
+
+with widgets.guard("Estimate categories"):
+    cats = ds.q("ui_ceiling_categories", f)
+    if cats.empty:
+        widgets.needs_table(ds, "ceiling", "dspark-obs estimate --data {data}", "The estimate categories")
+    else:
+        widgets.show_chart(charts.estimate_categories(cats), key="ceiling-categories")
+        with st.expander("Categories as a table"):
+            widgets.table(cats, key="categories", column_config={
+                "share": st.column_config.NumberColumn(format="percent"),
+                "mean_width": st.column_config.NumberColumn("mean hi - lo (drafts)", format="%.3f")})
+
+with widgets.guard("Estimate vs truth"):
+    st.subheader("Estimate vs truth")
+    val = ds.q("ui_ceiling_validation", f)
+    if val.empty:
+        st.info("No validation yet. It needs a truth: a cap-accept companion run of the same prompts and seeds "
+                "(`dspark-obs demo` collects one), or an emulator run. Then run "
+                f"`dspark-obs estimate --data {widgets.cli_root(ds)}` (it validates against the companion "
+                "recorded with the run, or pass `--companion RUN`).", icon=":material/info:")
+    else:
+        head = val[val["group_kind"].isin(["overall", "all_steps"])]
+        for _, r in head.iterrows():
+            scope = "censored steps" if r["group_kind"] == "overall" else "all steps"
+            truth = r["truth_source"] + (f" `{r['companion_run']}`" if isinstance(r["companion_run"], str) else "")
+            st.markdown(f"**{r['run_id']}** ({scope}, truth: {truth}): n = {int(r['n'])}, bias "
+                        f"{r['bias']:+.4f} drafts, MAE {r['mae']:.4f}, coverage {r['coverage']:.1%}")
+        widgets.show_chart(charts.validation_scatter(val), key="ceiling-validation-scatter")
+        widgets.show_chart(charts.validation_coverage(val), key="ceiling-validation-coverage")
+        widgets.show_chart(charts.validation_bias(val), key="ceiling-validation-bias")
+        with st.expander("Validation rows"):
+            widgets.table(val, key="validation")

@@ -1,0 +1,120 @@
+"""What every chart builder shares: frame coercion, the figure skeleton, captions.
+
+A builder takes a frame (pandas DataFrame, Arrow table, or list of row dicts),
+returns a Plotly figure, runs no query and calls no Streamlit.  Every figure
+has a title, axis titles with units, and a one-line caption (what to read from
+it) kept in ``fig.layout.meta["caption"]`` so the dashboard and the report show
+the same text; :func:`caption_of` reads it back.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Sequence
+
+import pandas as pd
+import plotly.graph_objects as go
+import pyarrow as pa
+
+from dspark_obs.ui.palette import TEMPLATE_NAME
+
+__all__ = ["as_frame", "new_figure", "caption_of", "no_data", "require_columns", "finite", "sorted_workloads",
+           "legend_right", "legend_key", "axis_titles"]
+
+
+def as_frame(data: Any) -> pd.DataFrame:
+    """A pandas DataFrame from a DataFrame, an Arrow table, a list of dicts or None."""
+    if data is None:
+        return pd.DataFrame()
+    if isinstance(data, pd.DataFrame):
+        return data
+    if isinstance(data, pa.Table):
+        return data.to_pandas()
+    if isinstance(data, (list, tuple)):
+        return pd.DataFrame(list(data))
+    raise TypeError(f"expected a pandas DataFrame, a pyarrow Table or a list of dicts, got {type(data).__name__}")
+
+
+def require_columns(df: pd.DataFrame, columns: Iterable[str], builder: str) -> None:
+    """Raise ValueError naming the missing columns when a non-empty frame lacks some."""
+    if df.empty and not len(df.columns):
+        return
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{builder}: the frame lacks columns {missing}; it has {list(df.columns)}")
+
+
+def new_figure(title: str, x_title: str | None, y_title: str | None, caption: str, *, height: int = 420,
+               fig: go.Figure | None = None) -> go.Figure:
+    """A figure in the project template with title, axis titles and caption set.
+
+    Pass ``fig`` (from ``make_subplots``) and ``None`` axis titles to title each
+    subplot's axes yourself.
+    """
+    fig = fig if fig is not None else go.Figure()
+    fig.update_layout(template=TEMPLATE_NAME, title=dict(text=title), height=height,
+                      meta={"caption": caption})
+    if x_title is not None:
+        fig.update_layout(xaxis_title=x_title)
+    if y_title is not None:
+        fig.update_layout(yaxis_title=y_title)
+    return fig
+
+
+def legend_right(fig: go.Figure) -> go.Figure:
+    """Put the legend in a column right of the plot (for long legends and figures with subplot titles)."""
+    fig.update_layout(legend=dict(orientation="v", x=1.01, xanchor="left", y=1.0, yanchor="top",
+                                  tracegroupgap=4, traceorder="normal"))
+    return fig
+
+
+def legend_key(fig: go.Figure, name: str, *, kind: str = "line", **style: Any) -> None:
+    """A legend entry with no data (explains a colour, dash, pattern or symbol used across traces).
+
+    Add keys after the data traces: the first trace of an axis decides whether it is categorical.
+    """
+    if kind == "bar":
+        fig.add_bar(x=[None], y=[None], name=name, marker=style, hoverinfo="skip", showlegend=True)
+    elif kind == "marker":
+        fig.add_scatter(x=[None], y=[None], mode="markers", name=name, marker=style, hoverinfo="skip")
+    else:
+        fig.add_scatter(x=[None], y=[None], mode="lines", name=name, line=style, hoverinfo="skip")
+
+
+def axis_titles(fig: go.Figure) -> dict[str, str]:
+    """Every axis title of ``fig`` by axis name (``xaxis``, ``yaxis2``, ...), empty ones left out."""
+    out = {}
+    for name in dir(fig.layout):
+        if name.startswith(("xaxis", "yaxis")):
+            axis = getattr(fig.layout, name, None)
+            text = getattr(getattr(axis, "title", None), "text", None)
+            if text:
+                out[name] = str(text)
+    return out
+
+
+def caption_of(fig: go.Figure) -> str:
+    """The one-line caption a builder attached to ``fig`` ('' if none)."""
+    meta = fig.layout.meta
+    return str(meta.get("caption", "")) if isinstance(meta, dict) else ""
+
+
+def no_data(fig: go.Figure, message: str = "No data for the current selection") -> go.Figure:
+    """Write ``message`` across an empty figure (axes and title stay)."""
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
+                       font=dict(size=14, color="#808080"))
+    return fig
+
+
+def finite(x: Any) -> bool:
+    """True for a real, finite number (not None, NaN or inf)."""
+    try:
+        return x is not None and math.isfinite(float(x))
+    except (TypeError, ValueError):
+        return False
+
+
+def sorted_workloads(values: Sequence[Any]) -> list[str]:
+    """Workloads in display order: '*' first, then alphabetical, 'unknown' last."""
+    names = {str(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))}
+    return sorted(names, key=lambda w: (w != "*", w == "unknown", w))

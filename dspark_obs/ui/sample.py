@@ -1,0 +1,82 @@
+"""A small store with every table the dashboard reads, for UI tests and screenshots.
+
+Like ``dspark-obs demo`` but smaller and with the estimator tables filled: a
+compact run and its cap-accept companion collected from the embedded emulator
+(temperature sampling, three workloads), then ``ceiling``, ``calibration``
+(all label kinds), ``costmodel`` results and a stored STS fit written as the CLI commands would.
+About 15-30 s on two cores.
+
+    python -m dspark_obs.ui.sample /tmp/ui-sample
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+__all__ = ["SAMPLE_RUNS", "build_sample_store"]
+
+SAMPLE_RUNS = {"compact": "sample-compact", "cap-accept": "sample-cap-accept"}
+_DONE = ".sample-complete"
+
+
+def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int = 12, max_new_tokens: int = 160,
+                       seed: int = 0, bootstrap: int = 50) -> Path:
+    """Collect the sample runs into ``root`` and fill the estimator tables; returns ``root``.
+
+    A root that already holds a complete sample is returned as is (the marker
+    file ``.sample-complete`` is written last).
+    """
+    from collectors.sglang.driver import DriveSpec
+    from collectors.sglang.session import CollectOptions, collect
+    from dspark_obs import sql
+    from dspark_obs.emulator.engine import EngineConfig
+    from dspark_obs.emulator.server import BackgroundServer
+    from dspark_obs.estimators import calibration, ceiling, costmodel
+    from dspark_obs.store import Store
+
+    root = Path(root)
+    if (root / _DONE).exists():
+        return root
+    store = Store(root)
+    spec = DriveSpec(["gsm8k", "arena-hard", "poetry"], requests, concurrency=concurrency, temperature=0.7,
+                     max_new_tokens=max_new_tokens, seed=seed)
+    for mode, run_id in SAMPLE_RUNS.items():
+        for table in store.tables():
+            store.drop_run(table, run_id)
+        with BackgroundServer(EngineConfig(mode=mode, seed=seed)) as server:
+            collect(store, CollectOptions(
+                url=server.url, run_id=run_id, poll_interval=0.1, flush_interval=1.0, drive=spec,
+                labels={"sample": "1", "method": mode},
+                companion_of=SAMPLE_RUNS["compact"] if mode == "cap-accept" else None))
+    con = sql.connect(root, read_only=False)
+    compact = SAMPLE_RUNS["compact"]
+    ceiling.estimate_run(con, compact, n_bootstrap=bootstrap)
+    for labels in calibration.LABEL_KINDS:
+        calibration.calibrate_run(con, compact, labels=labels, n_bootstrap=bootstrap)
+    calibration.calibrate_run(con, SAMPLE_RUNS["cap-accept"], labels="observed", n_bootstrap=bootstrap)
+    report = costmodel.fit_runs(con, list(SAMPLE_RUNS.values()))
+    costmodel.write_results(store, report)
+    _store_sts(store, con, compact)
+    (root / _DONE).write_text("ok\n")
+    return root
+
+
+def _store_sts(store, con, run_id: str) -> None:
+    """An STS fit on the companion labels, stored as `dspark-obs ingest --sts` would store its file."""
+    import datetime as dt
+
+    from dspark_obs.estimators import sts
+
+    fit = sts.fit_sts_run(con, run_id, labels="companion", dataset=f"dspark-obs:{run_id}:labels=companion")
+    cal = fit.to_sglang()
+    store.write("sts_calibrations", run_id, [{
+        "path": f"sts-{run_id}.json", "temperatures": cal.temperatures, "dataset": cal.dataset,
+        "num_samples": cal.num_samples, "ece_before": cal.ece_before, "ece_after": cal.ece_after,
+        "raw_json": cal.to_json(), "imported_at": dt.datetime.now(dt.timezone.utc)}])
+
+
+if __name__ == "__main__":  # pragma: no cover
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m dspark_obs.ui.sample OUT_DIR")
+    print(build_sample_store(sys.argv[1]))
