@@ -1,0 +1,170 @@
+"""Request-level bootstrap of the calibration metrics, vectorised over resamples.
+
+A resample draws requests with replacement; its metrics are those of the
+request-steps it drew (steps of one request are not independent, so requests
+are the unit, as in :func:`dspark_obs.estimators.calibration.bootstrap_calibration_error`).
+Each resample is a row of multinomial weights over requests: the per-request
+sums (per bin, per score) are computed once, and every metric of every
+resample is a matrix product with them.
+
+The binning, the 1e-8 clamp and the formulas are those of
+:mod:`dspark_obs.estimators.calibration` (SGLang's equal-width rule ``floor(p * n_bins)``,
+quantile edges from the full sample, the folded-normal debiasing of Kumar et al.);
+with all weights 1 the results equal its ``expected_calibration_error``,
+``debiased_calibration_error``, ``brier_score_loss`` and ``auroc_score``
+(``tests/test_report_stats.py`` checks it).  For AUROC over more than
+``auroc_levels`` distinct scores, :func:`resampled_metrics` ranks the resamples
+on scores rounded to ``1 / auroc_levels`` (scores within one level count as
+ties), which keeps a resample linear in the number of levels instead of the
+number of steps; it serves the standard error only, the figure itself is exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy import sparse
+from scipy.special import ndtr
+
+from dspark_obs.estimators.calibration import EPS_PROB, parse_binning
+
+__all__ = ["METRICS", "Prepared", "calibration_replicates", "resampled_metrics"]
+
+METRICS = ("ece", "debiased_ece", "brier", "auroc", "acceptance")
+AUROC_LEVELS = 4096
+_CELLS_PER_CHUNK = 4_000_000
+"""Bound on resamples x max(levels, requests) held at once (about 32 MB of float64 per array)."""
+
+
+def _bin_ids(p: np.ndarray, n_bins: int, strategy: str) -> np.ndarray:
+    if strategy == "uniform":
+        return np.clip((p * n_bins).astype(np.int64), 0, n_bins - 1)
+    edges = np.quantile(p, np.linspace(0.0, 1.0, n_bins + 1))
+    return np.searchsorted(edges[1:-1], p)
+
+
+def _per_group(values: np.ndarray, g: np.ndarray, ids: np.ndarray, n_groups: int, n_bins: int) -> np.ndarray:
+    cell = g * n_bins + ids
+    return np.bincount(cell, weights=values, minlength=n_groups * n_bins).reshape(n_groups, n_bins)
+
+
+def _debiased(count: np.ndarray, psum: np.ndarray, ysum: np.ndarray) -> np.ndarray:
+    total = count.sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(count > 0, ysum / count, 0.0)
+        gap = np.where(count > 0, np.abs(psum / count - rate), 0.0)
+        sd = np.where(count > 0, np.sqrt(np.clip(rate * (1.0 - rate), 0.0, None) / count), 0.0)
+        z = np.where(sd > 0, gap / sd, np.inf)
+        folded = np.where(sd > 0, sd * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * z * z) + gap * (1.0 - 2.0 * ndtr(-z)),
+                          gap)
+        return np.sum(np.where(count > 0, count * (2.0 * gap - folded), 0.0), axis=1) / total
+
+
+class Prepared:
+    """One sample's per-request sums; calling it with resample weights gives every metric.
+
+    ``auroc_levels``: None ranks on the exact scores; an integer rounds the
+    scores to that many levels when they have more distinct values.
+    """
+
+    def __init__(self, y_true, y_prob, groups, *, n_groups: int, binning: str = "width15",
+                 auroc_levels: int | None = None) -> None:
+        y = np.asarray(y_true, dtype=np.float64)
+        p_raw = np.clip(np.asarray(y_prob, dtype=np.float64), 0.0, 1.0)
+        g = np.asarray(groups, dtype=np.int64)
+        if not (y.shape == p_raw.shape == g.shape) or y.ndim != 1:
+            raise ValueError(f"y_true, y_prob and groups must be 1-D of one length, got {y.shape}, {p_raw.shape}, "
+                             f"{g.shape}")
+        if g.size and (g.min() < 0 or g.max() >= n_groups):
+            raise ValueError(f"groups must index the {n_groups} columns of weights, got values in "
+                             f"[{g.min()}, {g.max()}]")
+        self.n_groups = n_groups
+        n_bins, strategy = parse_binning(binning)
+        p = np.clip(p_raw, EPS_PROB, 1.0 - EPS_PROB)
+        ids = _bin_ids(p, n_bins, strategy) if y.size else np.zeros(0, np.int64)
+        self.count = _per_group(np.ones_like(p), g, ids, n_groups, n_bins)
+        self.psum = _per_group(p, g, ids, n_groups, n_bins)
+        self.ysum = _per_group(y, g, ids, n_groups, n_bins)
+        self.n_g = np.bincount(g, minlength=n_groups).astype(np.float64)
+        self.y_g = np.bincount(g, weights=y, minlength=n_groups)
+        self.sq_g = np.bincount(g, weights=(p_raw - y) ** 2, minlength=n_groups)
+        # AUROC: positive and negative weight of each request at each (tied) score, scores ascending
+        _, level = np.unique(p_raw, return_inverse=True)
+        if auroc_levels is not None and level.size and level.max() + 1 > auroc_levels:
+            _, level = np.unique(np.minimum((p_raw * auroc_levels).astype(np.int64), auroc_levels - 1),
+                                 return_inverse=True)
+        n_levels = int(level.max()) + 1 if level.size else 0
+        self.n_levels = n_levels
+        self.pos_t = sparse.csr_matrix((y, (level, g)), shape=(n_levels, n_groups))
+        self.neg_t = sparse.csr_matrix((1.0 - y, (level, g)), shape=(n_levels, n_groups))
+
+    def __call__(self, weights: np.ndarray) -> dict[str, np.ndarray]:
+        w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+        if w.shape[1] != self.n_groups:
+            raise ValueError(f"weights must have {self.n_groups} columns (one per request), got {w.shape[1]}")
+        count, psum, ysum = w @ self.count, w @ self.psum, w @ self.ysum
+        n = w @ self.n_g
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return {"ece": np.abs(psum - ysum).sum(axis=1) / count.sum(axis=1),
+                    "debiased_ece": _debiased(count, psum, ysum),
+                    "brier": (w @ self.sq_g) / n,
+                    "auroc": self._auroc(w),
+                    "acceptance": (w @ self.y_g) / n}
+
+    def _auroc(self, w: np.ndarray) -> np.ndarray:
+        if self.n_levels == 0:
+            return np.full(w.shape[0], np.nan)
+        wt = np.ascontiguousarray(w.T)
+        pos = np.ascontiguousarray(np.asarray(self.pos_t @ wt).T)  # [B, levels], scores ascending
+        neg = np.ascontiguousarray(np.asarray(self.neg_t @ wt).T)  # (row-contiguous: a fast cumsum)
+        below = np.cumsum(neg, axis=1) - neg
+        pos_total, neg_total = pos.sum(axis=1), neg.sum(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            auc = np.sum(pos * (below + 0.5 * neg), axis=1) / (pos_total * neg_total)
+        return np.where((pos_total > 0) & (neg_total > 0), auc, np.nan)
+
+
+def calibration_replicates(y_true, y_prob, groups, weights: np.ndarray, *, binning: str = "width15"
+                           ) -> dict[str, np.ndarray]:
+    """Each metric of :data:`METRICS` for every resample (row of ``weights``), exact.
+
+    Parameters
+    ----------
+    y_true, y_prob : array-like of shape (n,)
+        Labels in [0, 1] (soft labels allowed) and predicted survivals; no NaN.
+    groups : int array of shape (n,)
+        Request index of each sample, 0..n_groups-1 (the columns of ``weights``).
+    weights : float array of shape (B, n_groups)
+        How often each request is drawn per resample; ``np.ones((1, G))`` gives the sample's own metrics.
+    binning : str
+        ``widthN`` or ``massN``, as in the ``calibration`` table.
+
+    Returns ``{metric: float array of shape (B,)}``; NaN where a resample leaves
+    the metric undefined (no positives or no negatives for AUROC).
+
+    >>> w = np.ones((1, 2))
+    >>> r = calibration_replicates([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3], [0, 0, 1, 1], w)
+    >>> round(float(r["ece"][0]), 3), float(r["auroc"][0]), float(r["acceptance"][0])
+    (0.175, 1.0, 0.5)
+    """
+    w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
+    return Prepared(y_true, y_prob, groups, n_groups=w.shape[1], binning=binning)(w)
+
+
+def resampled_metrics(y_true, y_prob, groups, *, n_groups: int, n_resamples: int, seed: int,
+                      binning: str = "width15", auroc_levels: int | None = AUROC_LEVELS) -> dict[str, np.ndarray]:
+    """Every metric over ``n_resamples`` request-level resamples, drawn in chunks.
+
+    The weights are those of :func:`dspark_obs.report.stats.group_weights` with
+    ``seed`` (drawn chunk by chunk from one generator, which gives the same
+    rows), so memory stays bounded for runs with hundreds of thousands of steps.
+    """
+    prepared = Prepared(y_true, y_prob, groups, n_groups=n_groups, binning=binning, auroc_levels=auroc_levels)
+    rows = max(1, min(n_resamples, _CELLS_PER_CHUNK // max(prepared.n_levels, n_groups, 1)))
+    rng = np.random.default_rng(seed)
+    parts: list[dict[str, np.ndarray]] = []
+    done = 0
+    while done < n_resamples:
+        size = min(rows, n_resamples - done)
+        parts.append(prepared(rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=size)))
+        done += size
+    return {m: np.concatenate([p[m] for p in parts]) for m in METRICS}

@@ -1,0 +1,264 @@
+"""Calibration figures per run x workload x position: ECE, debiased ECE, Brier, AUROC, acceptance.
+
+Values come from the ``calibration`` table (``dspark-obs calibrate``) for the
+run's best label kind (companion > reconstructed > observed, or the kind the
+thresholds name).  Intervals and drift come from the run's events
+(:func:`dspark_obs.estimators.calibration.load_events`):
+
+* ECE, debiased ECE, Brier, AUROC: the value +- 1.96 request-bootstrap standard
+  errors; drift is the bootstrap of the difference (the run and the baseline
+  resampled independently), tested with a z on its bootstrap standard error;
+* acceptance (share of request-steps whose first k drafts survive a full block):
+  mean with a request-clustered standard error; drift is the two-proportion
+  z-test on those standard errors.
+
+Baseline runs are pooled (their requests keep apart: ``run:rid``), each with the
+current run's label kind when it has it, else its own best.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dspark_obs import sql as sqlmod
+from dspark_obs.estimators import calibration as cal
+from dspark_obs.report.bootstrap import calibration_replicates, resampled_metrics
+from dspark_obs.report.inputs import RunInfo
+from dspark_obs.report.model import Drift, Figure
+from dspark_obs.report.stats import Z95, clustered_mean, difference_ztest, two_sided_p
+from dspark_obs.report.thresholds import Thresholds
+
+__all__ = ["CalibrationSection", "calibration_section", "choose_labels", "LABEL_PREFERENCE"]
+
+LABEL_PREFERENCE = ("companion", "reconstructed", "observed")
+_BOOTSTRAPPED = ("ece", "debiased_ece", "brier", "auroc")
+
+
+@dataclass
+class CalibrationSection:
+    figures: list[Figure] = field(default_factory=list)
+    labels: dict[str, str] = field(default_factory=dict)  # run -> label kind judged
+    rows: pd.DataFrame = field(default_factory=pd.DataFrame)  # calibration rows of the judged label kinds
+    bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # their reliability bins
+    label_bins: pd.DataFrame = field(default_factory=pd.DataFrame)  # '*' bins of every label kind
+    notes: list[str] = field(default_factory=list)
+
+
+def choose_labels(available: set[str], preference: str = "best") -> str | None:
+    """The label kind to judge: ``preference`` if available, else the best available (None if none).
+
+    >>> choose_labels({"observed", "reconstructed"})
+    'reconstructed'
+    """
+    if preference != "best" and preference in available:
+        return preference
+    return next((k for k in LABEL_PREFERENCE if k in available), None)
+
+
+@dataclass
+class _Events:
+    y: np.ndarray
+    survival: np.ndarray
+    workload: np.ndarray
+    unit: np.ndarray  # request id (the bootstrap unit)
+    gamma: int
+
+
+def _events(con, runs: list[tuple[str, str]]) -> _Events | None:
+    parts = []
+    for run, labels in runs:
+        ev = cal.load_events(con, run, labels=labels)
+        parts.append((run, ev))
+    if not parts:
+        return None
+    gamma = max(ev.gamma for _, ev in parts)
+
+    def pad(a: np.ndarray) -> np.ndarray:
+        return a if a.shape[1] == gamma else np.pad(a, ((0, 0), (0, gamma - a.shape[1])), constant_values=np.nan)
+
+    return _Events(
+        y=np.vstack([pad(ev.y) for _, ev in parts]),
+        survival=np.vstack([pad(ev.survival) for _, ev in parts]),
+        workload=np.concatenate([ev.workload.astype(object) for _, ev in parts]),
+        unit=np.concatenate([np.char.add(f"{run}:", ev.rid.astype(str)) for run, ev in parts]),
+        gamma=gamma)
+
+
+def _seed(base: int, *parts: str) -> int:
+    return (base * 1_000_003 + zlib.crc32("|".join(parts).encode())) % (2**32)
+
+
+class _Cell:
+    """One workload of one event set: its requests indexed once, the same resamples at every position."""
+
+    def __init__(self, ev: _Events, workload: str, n_boot: int, seed: int) -> None:
+        self.mask = np.ones(len(ev.unit), bool) if workload == "*" else ev.workload == workload
+        _, self.g = np.unique(ev.unit[self.mask], return_inverse=True)
+        self.n_groups = int(self.g.max()) + 1 if self.g.size else 0
+        self.n_boot, self.seed = n_boot, seed  # every position resamples the same requests
+        self.ones = np.ones((1, self.n_groups))
+        self.ev = ev
+
+    def position(self, k: int, binning: str) -> tuple[dict, dict, np.ndarray, np.ndarray, int] | None:
+        y = self.ev.y[self.mask, k - 1]
+        p = self.ev.survival[self.mask, k - 1]
+        ok = ~np.isnan(y) & ~np.isnan(p)
+        if not ok.any():
+            return None
+        args = (y[ok], p[ok], self.g[ok])
+        point = {m: float(v[0]) for m, v in calibration_replicates(*args, self.ones, binning=binning).items()}
+        reps = resampled_metrics(*args, n_groups=self.n_groups, n_resamples=self.n_boot, seed=self.seed,
+                                 binning=binning)
+        return point, reps, y[ok], self.g[ok], int(ok.sum())
+
+
+def _boot_se(replicates: np.ndarray) -> float | None:
+    r = replicates[np.isfinite(replicates)]
+    return float(r.std(ddof=1)) if r.size >= 2 else None
+
+
+def _normal_interval(value: float | None, replicates: np.ndarray, metric: str
+                     ) -> tuple[float | None, float | None]:
+    """``value +- 1.96 SE`` with the bootstrap SE, kept within the metric's range.
+
+    Not the percentile interval: the ECE's replicates sit above the ECE (its
+    sampling bias, which the debiased ECE removes), so a percentile interval
+    can miss the estimate altogether.
+    """
+    se = _boot_se(replicates)
+    if value is None or se is None or not np.isfinite(value):
+        return None, None
+    lo, hi = value - Z95 * se, min(1.0, value + Z95 * se)
+    return (lo if metric == "debiased_ece" else max(0.0, lo)), hi
+
+
+def _value(row: dict | None, column: str, fallback: float) -> float | None:
+    v = row.get(column) if row else None
+    v = fallback if v is None or (isinstance(v, float) and np.isnan(v)) else v
+    return None if v is None or (isinstance(v, float) and np.isnan(v)) else float(v)
+
+
+def calibration_section(con, runs: list[RunInfo], baselines: dict[str, list[RunInfo]], th: Thresholds
+                        ) -> CalibrationSection:
+    """Figures, chart frames and notes of the calibration section (see the module docstring)."""
+    out = CalibrationSection()
+    ids = sorted({r.run_id for r in runs} | {b.run_id for bs in baselines.values() for b in bs})
+    table = sqlmod.query(con, "report_calibration", {"runs": ids, "binning": th.binning}).to_pandas()
+    bins = sqlmod.query(con, "report_calibration_bins", {"runs": ids, "binning": th.binning}).to_pandas()
+    kinds = {run: set(sub["labels"]) for run, sub in table.groupby("run_id")} if not table.empty else {}
+    judged_rows, judged_bins = [], []
+    for run in runs:
+        labels = choose_labels(kinds.get(run.run_id, set()), th.labels)
+        if labels is None:
+            out.notes.append(f"{run.run_id}: no calibration ({run.mode or 'unknown'} mode"
+                             f"{': static runs build no confidence head' if run.mode == 'static' else ''})")
+            continue
+        if th.labels not in ("best", labels):
+            out.notes.append(f"{run.run_id}: no {th.labels} labels; judged on {labels} labels")
+        out.labels[run.run_id] = labels
+        rows = table[(table["run_id"] == run.run_id) & (table["labels"] == labels)]
+        judged_rows.append(rows)
+        judged_bins.append(bins[(bins["run_id"] == run.run_id) & (bins["labels"] == labels)])
+        out.figures += _run_figures(con, run, labels, rows, baselines.get(run.run_id, []), kinds, th, out.notes)
+    if judged_rows:
+        out.rows = _with_report_intervals(pd.concat(judged_rows, ignore_index=True), out.figures)
+        out.bins = pd.concat(judged_bins, ignore_index=True)
+    judged_ids = list(out.labels)
+    out.label_bins = bins[bins["run_id"].isin(judged_ids) & (bins["workload"] == "*")].reset_index(drop=True)
+    return out
+
+
+def _with_report_intervals(rows: pd.DataFrame, figures: list[Figure]) -> pd.DataFrame:
+    """The rows with ``ece_ci_lo``/``ece_ci_hi`` set to the report's ECE intervals, so charts match the tables."""
+    ci = {(f.run_id, f.workload, f.position): (f.ci_low, f.ci_high) for f in figures if f.metric == "ece"}
+    keys = list(zip(rows["run_id"], rows["workload"], rows["position"].astype(int)))
+    rows = rows.copy()
+    rows["ece_ci_lo"] = [ci.get(k, (None, None))[0] for k in keys]
+    rows["ece_ci_hi"] = [ci.get(k, (None, None))[1] for k in keys]
+    return rows
+
+
+def _run_figures(con, run: RunInfo, labels: str, rows: pd.DataFrame, baseline: list[RunInfo],
+                 kinds: dict[str, set[str]], th: Thresholds, notes: list[str]) -> list[Figure]:
+    try:
+        ev = _events(con, [(run.run_id, labels)])
+    except ValueError as exc:  # CalibrationDataError: the table exists but the events cannot be rebuilt
+        notes.append(f"{run.run_id}: calibration intervals unavailable: {exc}")
+        ev = None
+    base_pairs, base_ev = [], None
+    for b in baseline:
+        kind = labels if labels in kinds.get(b.run_id, set()) else choose_labels(kinds.get(b.run_id, set()))
+        if kind is None:
+            notes.append(f"baseline {b.run_id}: no calibration; left out of the calibration drift tests")
+            continue
+        if kind != labels:
+            notes.append(f"baseline {b.run_id}: no {labels} labels; compared on its {kind} labels")
+        base_pairs.append((b.run_id, kind))
+    try:
+        base_ev = _events(con, base_pairs) if base_pairs else None
+    except ValueError as exc:
+        notes.append(f"baseline calibration events unavailable: {exc}")
+    base_ids = [r for r, _ in base_pairs]
+    figures = []
+    for workload in list(dict.fromkeys(rows["workload"])):
+        cur = _Cell(ev, workload, th.n_bootstrap, _seed(th.seed, run.run_id, workload)) if ev else None
+        base = None
+        if base_ev is not None and (workload == "*" or (base_ev.workload == workload).any()):
+            base = _Cell(base_ev, workload, th.n_bootstrap, _seed(th.seed, "baseline", *base_ids, workload))
+        for row in rows[rows["workload"] == workload].to_dict("records"):
+            k = int(row["position"])
+            figures += _position_figures(run.run_id, workload, k, row, labels, cur, base, base_ids, th)
+    return figures
+
+
+def _position_figures(run_id: str, workload: str, k: int, row: dict, labels: str, cur: _Cell | None,
+                      base: _Cell | None, base_ids: list[str], th: Thresholds) -> list[Figure]:
+    c = cur.position(k, th.binning) if cur else None
+    b = base.position(k, th.binning) if base else None
+    detail = {"labels": labels, "binning": th.binning, "label_source": row.get("label_source"),
+              "n_requests": row.get("n_requests")}
+    figures = []
+    n = int(row["n"])
+    for metric in _BOOTSTRAPPED:
+        value = _value(row, metric, c[0][metric] if c else np.nan)
+        lo, hi = _normal_interval(value, c[1][metric], metric) if c else (None, None)
+        drift = Drift(test="request-bootstrap difference (z on the bootstrap SE)", baseline_runs=base_ids)
+        if c and b and np.isfinite(c[0][metric]) and np.isfinite(b[0][metric]):
+            diff = c[1][metric] - b[1][metric]
+            drift.baseline_value = b[0][metric]
+            drift.baseline_ci = _normal_interval(b[0][metric], b[1][metric], metric)
+            drift.baseline_n = b[4]
+            drift.delta = c[0][metric] - b[0][metric]
+            se = _boot_se(diff)
+            if se is not None:
+                drift.delta_ci = (drift.delta - Z95 * se, drift.delta + Z95 * se)
+                drift.p_value = two_sided_p(drift.delta / se) if se > 0 else (1.0 if drift.delta == 0 else 0.0)
+        elif base_ids and c and not b:
+            drift.verdict, drift.note = "no_baseline", f"the baseline has no {workload} steps at k={k}"
+        figures.append(Figure(metric, run_id, value, workload=workload, position=k, ci_low=lo, ci_high=hi,
+                              ci_method="value +- 1.96 request-bootstrap SE" if lo is not None else None, n=n,
+                              detail=dict(detail), drift=drift))
+    # acceptance: the share whose first k drafts survive, request-clustered
+    value = _value(row, "observed_rate", c[0]["acceptance"] if c else np.nan)
+    lo = hi = se = None
+    if c:
+        _, se, _ = clustered_mean(c[2], c[3])
+        if se is not None and np.isfinite(se):
+            lo, hi = max(0.0, value - Z95 * se), min(1.0, value + Z95 * se)
+    drift = Drift(test="two-proportion z-test (request-clustered SEs)", baseline_runs=base_ids)
+    if c and b:
+        mean_b, se_b, _ = clustered_mean(b[2], b[3])
+        drift.baseline_value, drift.baseline_n = mean_b, b[4]
+        if se_b is not None and np.isfinite(se_b):
+            drift.baseline_ci = (max(0.0, mean_b - Z95 * se_b), min(1.0, mean_b + Z95 * se_b))
+        drift.delta, s, drift.p_value = difference_ztest(value, se, mean_b, se_b)
+        if s is not None:
+            drift.delta_ci = (drift.delta - Z95 * s, drift.delta + Z95 * s)
+    figures.append(Figure("acceptance", run_id, value, workload=workload, position=k, ci_low=lo, ci_high=hi,
+                          ci_method="normal, request-clustered SE" if lo is not None else None, n=n,
+                          detail=dict(detail), drift=drift))
+    return figures
