@@ -35,6 +35,8 @@ EXTRAS=(
   pytest-timeout==2.4.0
   hypothesis==6.155.2
   sortedcontainers==2.4.0
+  pyarrow==26.0.1
+  scipy==1.17.1
 )
 
 # The pinned SGLang-on-CPU set: shared/ beside the repo, else $SGLANG_CPU_REQUIREMENTS,

@@ -31,8 +31,9 @@ from dspark_obs.estimators.calibration import EPS_PROB, _binned, _check_binning,
 
 __all__ = ["SGLANG_GRID", "StsCalibration", "StsFit", "raw_logits", "fit_sts", "fit_sts_run"]
 
-SGLANG_GRID = np.logspace(math.log10(0.1), math.log10(10.0), 41)
-"""SGLang's ``default_temperature_grid()``: 41 log-spaced temperatures on [0.1, 10]."""
+SGLANG_GRID = np.logspace(math.log10(0.1), math.log10(10.0), 41).astype(np.float32).astype(np.float64)
+"""SGLang's ``default_temperature_grid()``: 41 log-spaced temperatures on [0.1, 10], as the
+float32 values ``torch.logspace`` makes (so a grid fit picks bit-identical temperatures)."""
 _CONF_EPS = 1e-7  # recorded confidences are float32 (and 4-decimal in the emulator): keep logit finite
 
 
