@@ -69,6 +69,7 @@ def emulate(
     head_temperature: Optional[str] = typer.Option(None, help="Comma-separated per-position miscalibration temperatures of the head (1 = calibrated, <1 over-confident)."),
     real_time: float = typer.Option(0.0, help="0: virtual clock (fast); 1: sleep each step's modelled time."),
     lockstep_concurrency: int = typer.Option(0, help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
+    lockstep_wait_s: float = typer.Option(0.25, help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
 ) -> None:
     """Serve the DSpark emulator: SGLang 0.5.23's HTTP endpoints over a real scheduler.
 
@@ -88,7 +89,7 @@ def emulate(
             sts_temperatures=load_sts_temperatures(str(sts)) if sts else None,
             head_temperature=tuple(float(x) for x in head_temperature.split(",")) if head_temperature
             else DEFAULT_HEAD_TEMPERATURE,
-            real_time=real_time, lockstep_concurrency=lockstep_concurrency,
+            real_time=real_time, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
         )
     except (ValueError, OSError) as exc:
         _fail(str(exc))

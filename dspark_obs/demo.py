@@ -2,9 +2,10 @@
 
 Starts an emulator in compact mode, drives mixed traffic at it while
 collecting, then replays the same requests (same prompts, same per-request
-``sampling_seed``) against a cap-accept emulator on the same seed — the
-companion run that exposes the full-block acceptance — and prints what to look
-at next.
+``sampling_seed``) against a cap-accept emulator on the same seed with
+``dspark-obs companion``'s library function — the companion run that exposes
+the full-block acceptance, with its ``companion_pairing`` tables — and prints
+what to look at next.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from rich.table import Table
 from collectors.sglang.driver import DriveSpec
 from collectors.sglang.session import CollectOptions, collect
 from dspark_obs import sql as sqlmod
+from dspark_obs.commands.companion import CompanionOptions, format_summary, run_companion
 from dspark_obs.emulator.server import SubprocessServer
 from dspark_obs.store import Store
 
@@ -36,16 +38,25 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
     for mode, run_id in runs.items():
         for table in store.tables():  # a re-run of the demo replaces its own runs
             store.drop_run(table, run_id)
-        with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency) as server:
+        with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency, lockstep_wait_s=1.0) as server:
             console.print(f"[bold]{mode}[/bold]: emulator on {server.url}, collecting run {run_id} "
                           f"({n_requests} requests, concurrency {concurrency})")
-            summary = collect(store, CollectOptions(
-                url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0, drive=spec,
-                labels={"demo": "1"}, companion_of=runs["compact"] if mode == "cap-accept" else None))
+            if mode == "compact":
+                summary = collect(store, CollectOptions(
+                    url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0, drive=spec,
+                    labels={"demo": "1"}))
+            else:  # the companion: the compact run's requests replayed (dspark-obs companion)
+                report = run_companion(store, CompanionOptions(
+                    of=runs["compact"], url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0,
+                    labels={"demo": "1"}))
+                summary = report.collect
         console.print(f"  {summary.steps} steps, {summary.step_reqs} request-steps, "
                       f"{summary.requests} requests, {summary.gaps} gaps")
+        if mode == "cap-accept":
+            console.print(f"  {format_summary(report.summary)}")
     _print_windows(store, console)
     analyse(store, runs["compact"], runs["cap-accept"], console=console)
+    write_report(out, runs["compact"], png=not quick, console=console)
     console.print(
         f"\nData in [bold]{out}[/bold]. Next:\n"
         f"  dspark-obs sql --data {out} window_by_workload\n"
@@ -55,6 +66,11 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
         f"  dspark-obs calibrate --data {out} --run {runs['compact']} --labels all --fit-sts sts.json\n"
         f"  dspark-obs replay --data {out} --run {runs['compact']} --sts sts.json\n"
         f"  dspark-obs queries   # every canned query")
+    if serve_dashboard:
+        from dspark_obs.commands.dashboard import serve_dashboard as _serve
+
+        console.print(f"serving the dashboard on http://127.0.0.1:8501 (Ctrl-C to stop)")
+        _serve(out, "127.0.0.1", 8501, console=console)
     return runs
 
 
@@ -107,3 +123,18 @@ def _print_windows(store: Store, console: Console) -> None:
                         for c in ("run_id", "workload", "steps", "mean_window", "full_window_share",
                                   "share_le3", "mean_acc_len")))
     console.print(table)
+
+
+def write_report(out: Path, run_id: str, *, png: bool, console: Console) -> Path | None:
+    """Write the nightly report of ``run_id`` (its companion goes with it) to ``<out>/report``; print where."""
+    from dspark_obs.report import InputError, ReportOptions, ThresholdsError, build_report
+
+    target = Path(out) / "report"
+    try:
+        result = build_report(ReportOptions(data=Path(out), out=target, runs=[run_id], png=png, n_bootstrap=200))
+    except (InputError, ThresholdsError) as exc:
+        console.print(f"[yellow]report not written:[/yellow] {exc}")
+        return None
+    console.print(f"report: [bold]{target / 'report.html'}[/bold] (also summary.md, summary.json"
+                  f"{', figures/*.png' if png else ''}) — {result.stderr_line()}")
+    return target

@@ -7,6 +7,11 @@ logprobs (top-5 by default) so that the target's view of every committed
 token is stored.  Request ``i`` belongs to workload ``workloads[i % n]`` and
 gets the rid ``<workload>-<i:06d>`` and an explicit ``sampling_seed``, so the
 same request can later be replayed token for token (companion runs).
+
+``drive(..., planned=[...])`` sends a given list of requests instead of the
+planned traffic (``collectors.sglang.companion`` replays a run this way): a
+request may carry its prompt as token ids (``input_ids``, sent instead of
+``text``), further SGLang ``sampling_params`` and its own endpoint (``api``).
 """
 
 from __future__ import annotations
@@ -32,13 +37,24 @@ _WORDS = ("the", "a", "of", "to", "and", "in", "is", "it", "that", "for", "on", 
 
 @dataclass(frozen=True)
 class PlannedRequest:
+    """One request to send.  ``None`` sampling values are left to the server's defaults.
+
+    ``input_ids`` (prompt token ids) are sent instead of ``text`` when given
+    (SGLang takes one or the other); ``sampling_params`` adds further SGLang
+    sampling parameters (a replay from a request log keeps all of them);
+    ``api`` overrides ``DriveSpec.api`` for this request.
+    """
+
     index: int
     rid: str
-    workload: str
-    text: str
-    temperature: float
-    max_new_tokens: int
-    sampling_seed: int
+    workload: Optional[str]
+    text: Optional[str]
+    temperature: Optional[float]
+    max_new_tokens: Optional[int]
+    sampling_seed: Optional[int]
+    input_ids: Optional[tuple[int, ...]] = None
+    sampling_params: Optional[dict[str, Any]] = field(default=None, compare=False, hash=False)
+    api: Optional[str] = None
 
 
 @dataclass
@@ -82,17 +98,42 @@ def plan_requests(spec: DriveSpec) -> list[PlannedRequest]:
     return planned
 
 
+def sampling_params(req: PlannedRequest) -> dict[str, Any]:
+    """SGLang ``sampling_params`` of ``req``: its extra parameters, then the three it names (None left out)."""
+    params = dict(req.sampling_params or {})
+    for name in ("temperature", "max_new_tokens", "sampling_seed"):
+        value = getattr(req, name)
+        if value is not None:
+            params[name] = value
+        elif params.get(name) is None:
+            params.pop(name, None)
+    return params
+
+
 def generate_body(req: PlannedRequest, *, top_logprobs: int) -> dict[str, Any]:
+    prompt = {"input_ids": list(req.input_ids)} if req.input_ids else {"text": req.text}
     return {
-        "text": req.text,
+        **prompt,
         "rid": req.rid,
-        "sampling_params": {"temperature": req.temperature, "max_new_tokens": req.max_new_tokens,
-                            "sampling_seed": req.sampling_seed},
+        "sampling_params": sampling_params(req),
         "return_logprob": True,
         "top_logprobs_num": top_logprobs,
         "logprob_start_len": -1,
         "stream": False,
     }
+
+
+def openai_body(req: PlannedRequest, api: str, *, model: str, top_logprobs: int) -> dict[str, Any]:
+    """An OpenAI request for ``req``; completions take token ids as the prompt when known."""
+    body = openai.request_body(api, model=model, text=req.text or "", rid=req.rid,
+                               temperature=req.temperature, max_new_tokens=req.max_new_tokens,
+                               sampling_seed=req.sampling_seed, top_logprobs=top_logprobs)
+    if api == "completions" and req.input_ids:
+        body["prompt"] = list(req.input_ids)
+    for name in ("temperature", "max_tokens", "max_completion_tokens", "seed"):
+        if name in body and body[name] is None:
+            del body[name]
+    return body
 
 
 def _hist(value: Any) -> Optional[list[int]]:
@@ -114,6 +155,7 @@ def response_rows(req: PlannedRequest, body: dict[str, Any], *, concurrency: int
         "sampling_seed": req.sampling_seed, "e2e_latency_s": meta.get("e2e_latency"),
         "submitted_at": submitted_at, "finished_at": finished_at, "concurrency": concurrency,
         "prompt_text": None if redact_text else req.text,
+        "input_ids": None if redact_text or not req.input_ids else list(req.input_ids),
         "output_text": None if redact_text else body.get("text"),
     }
     for name in ("spec_verify_ct", "spec_accept_length", "spec_accept_rate", "spec_num_correct_drafts",
@@ -155,6 +197,7 @@ def openai_rows(req: PlannedRequest, body: dict[str, Any], *, api: str, concurre
         "sampling_seed": req.sampling_seed, "e2e_latency_s": (finished_at - submitted_at).total_seconds(),
         "submitted_at": submitted_at, "finished_at": finished_at, "concurrency": concurrency,
         "prompt_text": None if redact_text else req.text,
+        "input_ids": None if redact_text or not req.input_ids else list(req.input_ids),
         "output_text": None if redact_text else parsed["text"],
         **parsed["spec"],
     }
@@ -181,11 +224,16 @@ class DriveResult:
 async def drive(client: httpx.AsyncClient, spec: DriveSpec,
                 on_result: Callable[[dict[str, Any], pa.Table], None],
                 on_progress: Callable[[int], None] = lambda n: None,
-                on_error: Callable[[PlannedRequest, str], None] = lambda r, e: None) -> DriveResult:
-    """Send every planned request, ``spec.concurrency`` at a time."""
+                on_error: Callable[[PlannedRequest, str], None] = lambda r, e: None,
+                *, planned: Optional[list[PlannedRequest]] = None) -> DriveResult:
+    """Send every planned request, ``spec.concurrency`` at a time, in order.
+
+    ``planned`` replaces ``plan_requests(spec)`` (a replay); ``spec`` still
+    gives the concurrency, the endpoint, logprobs and redaction.
+    """
     result = DriveResult()
     queue: asyncio.Queue[PlannedRequest] = asyncio.Queue()
-    for req in plan_requests(spec):
+    for req in plan_requests(spec) if planned is None else planned:
         queue.put_nowait(req)
 
     async def worker() -> None:
@@ -195,25 +243,23 @@ async def drive(client: httpx.AsyncClient, spec: DriveSpec,
             except asyncio.QueueEmpty:
                 return
             submitted = dt.datetime.now(dt.timezone.utc)
+            api = req.api or spec.api
             try:
-                if spec.api == "generate":
+                if api == "generate":
                     payload = generate_body(req, top_logprobs=spec.top_logprobs)
                 else:
-                    payload = openai.request_body(
-                        spec.api, model=spec.model or "default", text=req.text, rid=req.rid,
-                        temperature=req.temperature, max_new_tokens=req.max_new_tokens,
-                        sampling_seed=req.sampling_seed, top_logprobs=spec.top_logprobs)
-                resp = await client.post(spec.endpoint, json=payload)
+                    payload = openai_body(req, api, model=spec.model or "default", top_logprobs=spec.top_logprobs)
+                resp = await client.post("/generate" if api == "generate" else openai.ENDPOINTS[api], json=payload)
                 resp.raise_for_status()
                 body = resp.json()
                 if not isinstance(body, dict):
                     raise ValueError(f"response is not a JSON object: {str(body)[:200]}")
                 finished = dt.datetime.now(dt.timezone.utc)
-                if spec.api == "generate":
+                if api == "generate":
                     row, tokens = response_rows(req, body, concurrency=spec.concurrency, submitted_at=submitted,
                                                 finished_at=finished, redact_text=spec.redact_text)
                 else:
-                    row, tokens = openai_rows(req, body, api=spec.api, concurrency=spec.concurrency,
+                    row, tokens = openai_rows(req, body, api=api, concurrency=spec.concurrency,
                                               submitted_at=submitted, finished_at=finished,
                                               redact_text=spec.redact_text)
                 on_result(row, tokens)

@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from collectors.sglang.cursor import ForwardCursor, Gap
 from collectors.sglang.decode import PayloadError, decode_server_info, records_to_tables_safe, server_args
-from collectors.sglang.driver import DriveSpec, drive
+from collectors.sglang.driver import DriveSpec, PlannedRequest, drive
 from collectors.sglang.metrics import SidecarMetrics
 from collectors.sglang.writer import BufferedWriter
 from dspark_obs import schema
@@ -53,6 +53,9 @@ class CollectOptions:
     flush_interval: float = 5.0
     duration: Optional[float] = None  # attach mode: stop after this many seconds
     drive: Optional[DriveSpec] = None
+    # Replay these requests (in order) instead of drive's planned traffic; needs drive for
+    # the concurrency and the endpoint (collectors.sglang.companion builds both).
+    planned: Optional[list[PlannedRequest]] = None
     labels: dict[str, str] = field(default_factory=dict)
     companion_of: Optional[str] = None
     request_timeout: float = 600.0
@@ -319,7 +322,8 @@ class Collector:
                 if self.opts.drive is not None:
                     main = asyncio.create_task(drive(
                         client, self.opts.drive, self._on_result,
-                        on_error=lambda req, msg: self._dead_letter(self.opts.drive.endpoint, msg, req.rid)))
+                        on_error=lambda req, msg: self._dead_letter(self.opts.drive.endpoint, msg, req.rid),
+                        planned=self.opts.planned))
                 elif self.opts.duration is not None:
                     main = asyncio.create_task(asyncio.sleep(self.opts.duration))
                 else:
