@@ -36,8 +36,9 @@ def _steps(store, run_id):
 
 
 def _inside(gaps, rank, fct):
-    return any(g["dp_rank"] == rank and g["first_missing_forward_ct"] <= fct <= g["last_missing_forward_ct"]
-               for g in gaps)
+    # last_missing_forward_ct = -1: the end is unknown (a restart, or a clear that ended the run)
+    return any(g["dp_rank"] == rank and g["first_missing_forward_ct"] <= fct
+               and (fct <= g["last_missing_forward_ct"] or g["last_missing_forward_ct"] == -1) for g in gaps)
 
 
 def test_a_forced_deque_wrap_is_counted_exactly(tmp_path, emulator):
@@ -136,7 +137,7 @@ def test_a_stuck_disk_drops_counted_rows_and_never_stalls_polling(tmp_path, emul
     store.release.set()
     # The poll loop kept polling while a commit hung; nothing waited on the disk.
     assert len(polls_while_stuck) >= 10
-    assert summary.rows_dropped > 0 and summary.steps > 0
+    assert summary.rows_dropped > 0
     gaps = store.read("gaps", "b").to_pylist()
     backlog = [g for g in gaps if g["reason"] == "write_backlog"]
     got = _steps(store, "b")

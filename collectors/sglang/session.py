@@ -269,6 +269,18 @@ class Collector:
             cur = self.cursor.ranks.get(rank.dp_rank)
             self.metrics.on_rank(rank.dp_rank, len(rank.records) + len(rank.dead), cur.high_water if cur else 0)
 
+    def _report_trailing_clears(self) -> None:
+        """A clear with no record after it may have dropped the server's pending step.
+
+        A loss is normally seen when the next record arrives; a clear that was the
+        last thing before the run ended has no next record, so say so: a ``clear``
+        gap from the high-water mark with an unknown end (-1).
+        """
+        for dp_rank, cur in sorted(self.cursor.ranks.items()):
+            if cur.cleared and cur.high_water > 0:
+                self._gap(Gap(dp_rank, cur.high_water + 1, -1, "clear", self.cursor.segment))
+                cur.cleared = False
+
     async def _clear(self, client: httpx.AsyncClient) -> None:
         try:
             resp = await client.post("/set_internal_state",
@@ -354,6 +366,7 @@ class Collector:
                 await poller
                 if not server_dead:
                     await self.poll_once(client)  # dump() drains the last pending step
+                    self._report_trailing_clears()
                 if before_close is not None:
                     extra_labels = await before_close() or {}
         except CollectError:
