@@ -4,15 +4,34 @@ Typed msgspec decoding of SGLang's payload (``omit_defaults`` records: absent
 fields take SGLang's defaults), then column-wise Arrow construction.  Fields a
 newer SGLang adds are ignored; a record that does not fit the contract is
 handed back as a dead letter with the reason instead of failing the whole poll.
+
+Two paths, one result.  The **fast path** decodes the whole body in one typed
+pass in which each request's three lists (``draft_tokens``, ``confidence``,
+``survival``) stay raw JSON; per DP rank they are then joined and parsed in
+bulk by Arrow's number parser straight into column arrays, so no Python
+``float`` or ``int`` is ever made for them (parsing Python floats is most of
+the cost of a typed decode).  It takes only what it can prove it reads exactly
+as the reference path would: anything else in a body (a record that breaks the
+contract, a list with whitespace, ``null`` items or out-of-range values, an
+integer ``-0`` among floats) sends the whole body down the **reference path**,
+record by record, with its dead letters.  Tests check both agree.  (One
+difference in kind: the fast path keeps no raw bytes per record, so a record
+the *store* cannot hold — found later, in ``records_to_tables_safe`` — is
+dead-lettered as its re-encoded JSON, defaults spelled out, as the reference
+path does whenever it has no raws.)
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Annotated, Any, Optional
 
 import msgspec
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dspark_obs import schema
 
@@ -81,6 +100,69 @@ class _ServerInfo(msgspec.Struct):
     version: Optional[str] = None
 
 
+# -- the fast path's contract: the same fields and checks, lists left raw ----------------
+
+_RAW_NULL = msgspec.Raw(b"null")
+
+
+class _FastReq(msgspec.Struct, gc=False):
+    req_pool_index: I32
+    prefix_len: I32
+    verify_len: I16
+    acc_len: I16
+    correct_drafts: I16
+    cap_trim: I16
+    bonus_token: I32
+    draft_tokens: msgspec.Raw
+    rid: Optional[str] = None
+    confidence: msgspec.Raw = _RAW_NULL
+    survival: msgspec.Raw = _RAW_NULL
+    emu_block_accept: Optional[I16] = None
+    emu_expected_block_accept: Optional[float] = None
+
+
+class _FastRecord(msgspec.Struct, dict=True):
+    """``_Record`` with raw lists; the parsed list columns of its rows ride in ``__dict__``."""
+
+    forward_ct: I64
+    bs: I32 = -1
+    mode: str = ""
+    budget: Optional[I32] = None
+    lag_steps: Optional[I32] = None
+    num_running_reqs: I32 = -1
+    num_verify_tokens: I32 = -1
+    verify_tokens_local: I32 = -1
+    verify_tokens_dp_synced: I32 = -1
+    verify_tokens_graph_key: I32 = -1
+    predicted_step_ms: Optional[float] = None
+    predicted_theta: Optional[float] = None
+    step_cpu_ms: Optional[float] = None
+    step_gpu_ms: Optional[float] = None
+    draft_gpu_ms: Optional[float] = None
+    target_verify_gpu_ms: Optional[float] = None
+    reqs: Optional[list[_FastReq]] = None
+
+
+class _FastPayload(msgspec.Struct):
+    mode: str = ""
+    gamma: I16 = 0
+    verify_num_draft_tokens: I32 = 0
+    components: list[str] = []
+    records: list[_FastRecord] = []
+    simulate_acc_len: Optional[float] = None
+
+
+class _FastState(msgspec.Struct):
+    dspark_info_record: Optional[_FastPayload] = None
+    avg_spec_accept_length: Optional[float] = None
+
+
+class _FastServerInfo(msgspec.Struct):
+    internal_states: list[_FastState] = []
+    startup_time: Optional[float] = None
+    version: Optional[str] = None
+
+
 @dataclass
 class RankPayload:
     """One DP rank's decoded records, oldest first, and what could not be decoded."""
@@ -104,6 +186,7 @@ class ServerInfoPayload:
 
 _info_decoder = msgspec.json.Decoder(_ServerInfo)
 _record_decoder = msgspec.json.Decoder(_Record)
+_fast_decoder = msgspec.json.Decoder(_FastServerInfo)
 
 
 class PayloadError(ValueError):
@@ -112,6 +195,121 @@ class PayloadError(ValueError):
 
 def decode_server_info(body: bytes) -> ServerInfoPayload:
     """Decode a ``/server_info`` body; raise ``PayloadError`` if it is unusable."""
+    fast = _decode_fast(body)
+    if fast is not None:
+        return fast
+    return _decode_reference(body)
+
+
+def _decode_fast(body: bytes) -> Optional[ServerInfoPayload]:
+    """The whole body in one pass, or None when only the reference path may read it."""
+    try:
+        info = _fast_decoder.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    ranks: list[RankPayload] = []
+    has_dspark = False
+    for i, state in enumerate(info.internal_states):
+        payload = state.dspark_info_record
+        if payload is None:
+            ranks.append(RankPayload(i, "", 0, []))
+            continue
+        has_dspark = True
+        if not _attach_lists(payload.records):
+            return None
+        ranks.append(RankPayload(i, payload.mode, payload.gamma, payload.records, [], tuple(payload.components), []))
+    return ServerInfoPayload(info.startup_time, info.version, ranks, has_dspark)
+
+
+_LIST_CHARS = b"0123456789-+.eE,[]"
+_INT_CHARS = b"0123456789-,[]"
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]")
+_CLOSE_TO_COMMA = bytes.maketrans(b"]", b",")
+_OPEN, _CLOSE, _COMMA = ord("["), ord("]"), ord(",")
+_I32_MIN, _I32_MAX = -(2**31), 2**31 - 1
+_F32_MAX = float(np.finfo(np.float32).max)
+
+
+def _parse_lists(raws: list[msgspec.Raw], *, integers: bool) -> Optional[tuple[np.ndarray, pa.Array, Optional[np.ndarray]]]:
+    """Raw JSON lists (or ``null``) -> ``(offsets [n+1] int32, values, valid or None)``.
+
+    None when a list is anything but compact numbers the reference decoder reads
+    to the same values (``list[I32]`` for ``integers``, else ``Optional[list[float]]``
+    stored as float32).  msgspec has already checked that each raw value is valid JSON.
+    """
+    n = len(raws)
+    joined = b"".join(raws)
+    nulls = joined.count(b"null")
+    if nulls:
+        if integers:
+            return None
+        joined = joined.replace(b"null", b"")
+    if joined.translate(None, _INT_CHARS if integers else _LIST_CHARS):
+        return None  # whitespace, strings, objects, null items, or floats where ints belong
+    lists = n - nulls
+    if joined.translate(None, _NOT_BRACKETS) != b"[]" * lists:
+        return None  # nested lists (valid JSON, so brackets balance)
+    buf = np.frombuffer(joined, dtype=np.uint8)
+    closes = np.flatnonzero(buf == _CLOSE)
+    commas = np.flatnonzero(buf == _COMMA)
+    before = np.searchsorted(commas, closes)
+    counts = np.diff(before, prepend=0) + 1
+    counts[buf[closes - 1] == _OPEN] = 0  # "[]"
+    if nulls:
+        valid = np.fromiter((r != b"null" for r in raws), dtype=bool, count=n)
+        if int(valid.sum()) != lists:
+            return None
+        per_row = np.zeros(n, dtype=np.int64)
+        per_row[valid] = counts
+    else:
+        valid, per_row = None, counts
+    offsets = np.zeros(n + 1, dtype=np.int32)
+    np.cumsum(per_row, out=offsets[1:])
+    total = int(offsets[-1])
+    if not total:
+        return offsets, pa.array([], pa.int32() if integers else pa.float32()), valid
+    if joined.count(b"[]"):
+        joined = joined.replace(b"[]", b"")
+    text = joined.translate(_CLOSE_TO_COMMA, b"[")[:-1]  # "[a,b][c]" -> "a,b,c"
+    if integers:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parsed = np.fromstring(text, dtype=np.int64, sep=",")  # C strtoll; stops early on bad input
+        if parsed.size != total or parsed.min() < _I32_MIN or parsed.max() > _I32_MAX:
+            return None  # clamped (too many digits) or out of the column's range
+        return offsets, pa.array(parsed.astype(np.int32)), valid
+    try:
+        tokens = pc.split_pattern(pa.array([text], pa.large_binary()), b",").flatten()
+        parsed = pc.cast(tokens.cast(pa.large_string()), pa.float64()).to_numpy()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    if parsed.size != total or np.abs(parsed).max() > _F32_MAX or np.signbit(parsed[parsed == 0]).any():
+        return None  # overflow to inf, or a -0 whose JSON spelling decides its sign: the reference knows
+    return offsets, pa.array(parsed.astype(np.float32)), valid
+
+
+_LIST_FIELDS = ("draft_tokens", "confidence", "survival")
+
+
+def _attach_lists(records: list[_FastRecord]) -> bool:
+    """Parse every list of a rank in bulk and hand each record its rows' slices."""
+    rows = [len(r.reqs) if r.reqs else 0 for r in records]
+    reqs = [q for r in records if r.reqs for q in r.reqs]
+    parsed = {}
+    for name in _LIST_FIELDS:
+        got = _parse_lists(list(map(attrgetter(name), reqs)), integers=name == "draft_tokens")
+        if got is None:
+            return False
+        parsed[name] = got
+    start = 0
+    for rec, k in zip(records, rows):
+        rec.__dict__["_lists"] = (parsed, start, start + k)
+        start += k
+    return True
+
+
+def _decode_reference(body: bytes) -> ServerInfoPayload:
+    """Record by record: every record that breaks the contract becomes a dead letter."""
     try:
         info = _info_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
@@ -156,19 +354,79 @@ def server_args(body: bytes) -> dict[str, Any]:
 
 def records_to_tables(records: list[_Record], *, dp_rank: int, segment: int) -> tuple[pa.Table, pa.Table]:
     """``steps`` and ``step_reqs`` Arrow tables for one rank's records."""
+    if records and all(isinstance(r, _FastRecord) for r in records):
+        return _steps_table(records, dp_rank, segment), _fast_reqs_table(records, dp_rank, segment)
+    return _steps_table(records, dp_rank, segment), _reqs_table(records, dp_rank, segment)
+
+
+_STEP_FIELDS = ("bs", "num_running_reqs", "mode", "budget", "lag_steps", "num_verify_tokens",
+                "verify_tokens_local", "verify_tokens_dp_synced", "verify_tokens_graph_key",
+                "predicted_step_ms", "predicted_theta", "step_cpu_ms", "step_gpu_ms",
+                "draft_gpu_ms", "target_verify_gpu_ms")
+_REQ_SCALARS = ("rid", "req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts", "cap_trim",
+                "bonus_token")
+_REQ_EMU = ("emu_block_accept", "emu_expected_block_accept")
+
+
+def _fast_reqs_table(records: list[_FastRecord], dp_rank: int, segment: int) -> pa.Table:
+    """``step_reqs`` from records of the fast path: scalars by attribute, lists from the parsed columns."""
+    target = schema.schema_for("step_reqs")
+    reqs = [q for r in records if r.reqs for q in r.reqs]
+    n = len(reqs)
+    cols: dict[str, Any] = {
+        "dp_rank": pa.array(np.full(n, dp_rank, dtype=np.int64)).cast(pa.int16()),
+        "forward_ct": pa.array(np.repeat(np.fromiter((r.forward_ct for r in records), np.int64, len(records)),
+                                         [len(r.reqs) if r.reqs else 0 for r in records])),
+        "segment": pa.array(np.full(n, segment, dtype=np.int64)).cast(pa.int32()),
+    }
+    for name in _REQ_SCALARS + _REQ_EMU:
+        cols[name] = pa.array(list(map(attrgetter(name), reqs)), type=target.field(name).type)
+    for name in _LIST_FIELDS:
+        cols[name] = _list_column([r.__dict__["_lists"] for r in records], name, target.field(name).type)
+    return pa.Table.from_pydict({f.name: cols[f.name] for f in target}, schema=target)
+
+
+def _list_column(slices: list[tuple], name: str, type_: pa.DataType) -> pa.Array:
+    """The records' rows of one parsed list column (records may be any subset of the rank's, in order)."""
+    parts = []
+    for parsed, lo, hi in slices:
+        if hi > lo:
+            offsets, values, valid = parsed[name]
+            parts.append((offsets, values, valid, lo, hi))
+    if not parts:
+        return pa.array([], type_)
+    if len(parts) > 1 and all(p[0] is parts[0][0] for p in parts) and \
+            all(a[4] == b[3] for a, b in zip(parts, parts[1:])):
+        offsets, values, valid, lo, hi = parts[0][0], parts[0][1], parts[0][2], parts[0][3], parts[-1][4]
+        parts = [(offsets, values, valid, lo, hi)]  # contiguous rows of one rank: one slice
+    offs, vals, masks, base = [np.zeros(1, dtype=np.int32)], [], [], 0
+    for offsets, values, valid, lo, hi in parts:
+        o = offsets[lo:hi + 1]
+        vals.append(values.slice(int(o[0]), int(o[-1] - o[0])))
+        offs.append((o[1:] - o[0] + base).astype(np.int32))
+        base += int(o[-1] - o[0])
+        masks.append(np.ones(hi - lo, dtype=bool) if valid is None else valid[lo:hi])
+    values = pa.concat_arrays(vals) if len(vals) > 1 else vals[0]
+    mask = np.concatenate(masks)
+    out = pa.ListArray.from_arrays(pa.array(np.concatenate(offs)), values,
+                                   mask=None if mask.all() else pa.array(~mask))
+    return out.cast(type_)
+
+
+def _steps_table(records: list, dp_rank: int, segment: int) -> pa.Table:
     n = len(records)
     steps = {
         "dp_rank": [dp_rank] * n,
         "forward_ct": [r.forward_ct for r in records],
         "segment": [segment] * n,
     }
-    for name in ("bs", "num_running_reqs", "mode", "budget", "lag_steps", "num_verify_tokens",
-                 "verify_tokens_local", "verify_tokens_dp_synced", "verify_tokens_graph_key",
-                 "predicted_step_ms", "predicted_theta", "step_cpu_ms", "step_gpu_ms",
-                 "draft_gpu_ms", "target_verify_gpu_ms"):
-        steps[name] = [getattr(r, name) for r in records]
-    steps_table = pa.Table.from_pydict(steps, schema=schema.schema_for("steps"))
+    for name in _STEP_FIELDS:
+        steps[name] = list(map(attrgetter(name), records))
+    return pa.Table.from_pydict(steps, schema=schema.schema_for("steps"))
 
+
+def _reqs_table(records: list[_Record], dp_rank: int, segment: int) -> pa.Table:
+    """``step_reqs`` of the reference path, row by row."""
     cols: dict[str, list] = {name: [] for name in schema.STEP_REQS.names}
     for r in records:
         if not r.reqs:
@@ -192,8 +450,7 @@ def records_to_tables(records: list[_Record], *, dp_rank: int, segment: int) -> 
             cols["survival"].append(q.survival)
             cols["emu_block_accept"].append(q.emu_block_accept)
             cols["emu_expected_block_accept"].append(q.emu_expected_block_accept)
-    reqs_table = pa.Table.from_pydict(cols, schema=schema.schema_for("step_reqs"))
-    return steps_table, reqs_table
+    return pa.Table.from_pydict(cols, schema=schema.schema_for("step_reqs"))
 
 
 _CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)

@@ -118,6 +118,8 @@ class _Running:
     cap_tokens: int = 0
     cap_hist: list[int] = field(default_factory=list)
     block_accept_tokens: int = 0
+    # draft_key's SeedSequence, premixed once (model.draft_blocks mixes in the anchor position).
+    stream_key: Optional[model.StreamKey] = None
 
 
 def tokenize(text: str) -> list[int]:
@@ -134,6 +136,19 @@ def _bump(hist: list[int], i: int) -> None:
     if len(hist) <= i:
         hist.extend([0] * (i + 1 - len(hist)))
     hist[i] += 1
+
+
+def _round6(values: np.ndarray) -> list[float]:
+    """``[round(float(v), 6) for v in values]``, vectorised where that is provably the same.
+
+    ``rint(v * 1e6) / 1e6`` is the correctly rounded result unless ``v * 1e6`` lies
+    within rounding error of a half; those few values go through ``round``.
+    """
+    scaled = values * 1e6
+    out = (np.rint(scaled) / 1e6).tolist()
+    for i in np.flatnonzero(np.abs(scaled - np.floor(scaled) - 0.5) < 1e-6).tolist():
+        out[i] = round(float(values[i]), 6)
+    return out
 
 
 def _f32(x: float) -> float:
@@ -237,7 +252,8 @@ class _Rank:
         self.waiting: deque[_Running] = deque()
         self.running: list[_Running] = []
         self.free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
-        self.survival_history: deque[dict[str, np.ndarray]] = deque(maxlen=max(cfg.lag_steps, 1))
+        # (row of each rid, survivals [bs, gamma]) of the last lag_steps decode steps
+        self.survival_history: deque[tuple[dict[str, int], np.ndarray]] = deque(maxlen=max(cfg.lag_steps, 1))
         self.dumper = InfoDumper(gamma=cfg.gamma, mode=cfg.mode, components=cfg.components,
                                  max_records=cfg.max_records, clock=lambda: self.clock,
                                  track_produced=cfg.track_produced)
@@ -268,6 +284,9 @@ class _Rank:
         prompt_tokens = sum(len(r.input_ids) for r in admitted)
         self.clock += cfg.true_cost.bias_seconds + 2.0e-6 * prompt_tokens
         for r in admitted:
+            # Every position the request's steps will read, grown at once (the values
+            # at a position do not depend on when it is grown).
+            r.track.ensure(r.end + cfg.gamma + 1)
             r.output.append(int(r.track.realised(np.array([0]))[0]))
             if len(r.output) >= r.end:
                 self.engine._finish(self, r)
@@ -289,30 +308,34 @@ class _Rank:
         # The drafter's randomness is keyed by the anchor position, so a block
         # drafted at the same anchor is identical in every mode and run: a
         # companion step pairs with its compact step by (rid, prefix_len).
-        blocks = [model.draft_block(r.track, np.random.default_rng([*r.draft_key, len(r.output)]),
-                                    first_pos=len(r.output), gamma=gamma,
-                                    head_temperature=head_t, greedy=r.req.temperature <= 0)
-                  for r in batch]
+        # The whole batch is drafted at once; it draws exactly what
+        # model.draft_block draws from default_rng([*draft_key, anchor]).
+        positions = [len(r.output) for r in batch]
+        rids = [r.req.rid for r in batch]
+        drafts = model.draft_blocks([r.track for r in batch], [r.stream_key for r in batch], positions,
+                                    gamma=gamma, head_temperature=head_t,
+                                    greedy=[r.req.temperature <= 0 for r in batch])
         # The head's output is quantised to what the record shows, so a replay of
         # the logged confidences plans exactly what the engine planned.
-        conf = np.round(np.stack([b.confidence for b in blocks]).astype(np.float64), 4).astype(np.float32)
+        conf = np.round(drafts.confidence.astype(np.float64), 4).astype(np.float32)
         surv = survival_from_confidence(conf)
         sched = ScheduleConfig(gamma=gamma)
         budget = decision = None
         if cfg.mode == "static":
             verify_lens = np.full(bs, gamma + 1, dtype=np.int32)
         else:
-            lagged = self.survival_history[0] if len(self.survival_history) == cfg.lag_steps else {}
             hist = np.ones((bs, gamma), dtype=np.float32)
-            for i, r in enumerate(batch):
-                row = lagged.get(r.req.rid)
-                if row is not None:
-                    hist[i] = row
+            if len(self.survival_history) == cfg.lag_steps:
+                lagged_index, lagged_surv = self.survival_history[0]
+                at = [(i, j) for i, j in enumerate(map(lagged_index.get, rids)) if j is not None]
+                if at:
+                    hist[[i for i, _ in at]] = lagged_surv[[j for _, j in at]]
             table = cfg.sps_table or ct.uninitialized_table(max_batch_tokens=cfg.max_running_requests * (gamma + 1))
             decision = verify_token_budget(hist, table, sched)
             budget = decision.budget
             verify_lens = verify_lens_topk(surv, budget, sched)
-        self.survival_history.append({r.req.rid: surv[i] for i, r in enumerate(batch)})
+        # Each request's survival row by rid (the last row wins for a repeated rid).
+        self.survival_history.append((dict(zip(rids, range(bs))), surv))
 
         total_verify = int(verify_lens.sum())
         if cfg.mode == "compact":
@@ -324,50 +347,77 @@ class _Rank:
         else:
             num_verify_tokens = run_tokens = bs * (gamma + 1)
 
+        # Python values of the batch's arrays, converted once (round(float32, 4) as
+        # np.round on float64: float32 * 10**4 is exact in double, so both round alike).
+        window_a = verify_lens.astype(np.int64) - 1
+        correct_a = np.minimum(drafts.block_accept, window_a)
+        cap_accept = cfg.mode == "cap-accept"
+        cap_trim_a = drafts.block_accept - correct_a if cap_accept else np.zeros_like(correct_a)
+        windows, corrects, cap_trims = window_a.tolist(), correct_a.tolist(), cap_trim_a.tolist()
+        block_accepts = drafts.block_accept.tolist()
+        draft_lists = drafts.draft_tokens.tolist()
+        realised = drafts.realised.tolist()
+        expected = _round6(drafts.expected_block_accept)
+        sent = cfg.mode != "static"
+        conf_lists = np.round(conf.astype(np.float64), 4).tolist() if sent else None
+        surv_lists = np.round(surv.astype(np.float64), 4).tolist() if sent else None
+        truth = cfg.expose_truth
+        estimating = self.estimator is not None and not cfg.folded_proposal
         prefix_total = 0
         reqs: list[dict[str, Any]] = []
         estimator_rows: list[dict[str, Any]] = []
-        finished: list[_Running] = []
-        for i, (r, b) in enumerate(zip(batch, blocks)):
-            n = len(r.output)
+        finished: list[tuple[int, _Running]] = []
+        for i, r in enumerate(batch):
+            n = positions[i]
             prefix_len = len(r.input_ids) + n - 1
             prefix_total += prefix_len
-            window = int(verify_lens[i]) - 1
-            correct = min(b.block_accept, window)
-            cap_trim = b.block_accept - correct if cfg.mode == "cap-accept" else 0
-            committed = r.track.realised(np.arange(n, n + correct + 1))
-            bonus = int(committed[-1])
+            window = windows[i]
+            correct = corrects[i]
+            cap_trim = cap_trims[i]
+            committed = realised[i][: correct + 1]
+            bonus = committed[-1]
             detail: dict[str, Any] = {
                 "req_pool_index": r.pool_index, "prefix_len": prefix_len,
                 "verify_len": window + 1, "acc_len": correct + 1,
                 "correct_drafts": correct, "cap_trim": cap_trim, "bonus_token": bonus,
-                "draft_tokens": b.draft_tokens.tolist(), "rid": r.req.rid,
+                "draft_tokens": draft_lists[i], "rid": rids[i],
             }
-            if cfg.mode != "static":
-                detail["confidence"] = [round(float(c), 4) for c in conf[i]]
-                detail["survival"] = [round(float(s), 4) for s in surv[i]]
-            if cfg.expose_truth:
-                detail["emu_block_accept"] = b.block_accept
-                detail["emu_expected_block_accept"] = round(b.expected_block_accept, 6)
+            if sent:
+                detail["confidence"] = conf_lists[i]
+                detail["survival"] = surv_lists[i]
+            if truth:
+                detail["emu_block_accept"] = block_accepts[i]
+                detail["emu_expected_block_accept"] = expected[i]
             reqs.append(detail)
-            if self.estimator is not None and not cfg.folded_proposal:
+            if estimating:
                 estimator_rows.append({
                     "rid": r.req.rid, "greedy": r.req.temperature <= 0, "seq_len": prefix_len,
                     "window": window, "cl": correct, "ct": cap_trim, "bonus": bonus,
-                    "drafts": b.draft_tokens.tolist(), "q_all": b.draft_logprob.tolist(),
+                    "drafts": list(draft_lists[i]), "q_all": drafts.draft_logprob[i].tolist(),
                     "p_lp": self._target_logprob_at(r, n)})
             r.verify_ct += 1
             r.correct_drafts += correct
-            _bump(r.correct_hist, correct)
-            if cfg.mode != "static":
+            hist = r.correct_hist
+            if len(hist) <= correct:
+                hist.extend([0] * (correct + 1 - len(hist)))
+            hist[correct] += 1
+            if sent:
                 r.cap_tokens += window + 1
-                _bump(r.cap_hist, window + 1)
-            if cfg.mode == "cap-accept":
+                hist = r.cap_hist
+                if len(hist) <= window + 1:
+                    hist.extend([0] * (window + 2 - len(hist)))
+                hist[window + 1] += 1
+            if cap_accept:
                 r.block_accept_tokens += correct + 1 + cap_trim
-            r.output.extend(int(t) for t in committed[: max(0, r.end - n)])
-            self.recent.append((correct + 1, correct, window + 1, correct + 1 + cap_trim))
-            if len(r.output) >= r.end:
-                finished.append(r)
+            left = r.end - n
+            r.output.extend(committed if left > correct else committed[: max(0, left)])
+            if left <= correct + 1:  # the output reached its end
+                finished.append((i, r))
+        # Only the last recent.maxlen rows survive in the deque, as if appended one by one.
+        tail = max(0, bs - (self.recent.maxlen or bs))
+        self.recent.extend(zip((c + 1 for c in corrects[tail:]), corrects[tail:],
+                               (w + 1 for w in windows[tail:]),
+                               (c + 1 + t for c, t in zip(corrects[tail:], cap_trims[tail:]))))
         self.verify_calls += bs
 
         tc = cfg.true_cost
@@ -390,8 +440,10 @@ class _Rank:
         self.dumper.observe_decode_step(step)
         if estimator_rows:
             self.estimator.observe_step(self.forward_ct, estimator_rows)
-        for r in finished:
-            self.running.remove(r)
+        # ``batch`` is ``self.running``: drop each finished request by its index (identity,
+        # not dataclass equality, which compares every field), one at a time as before.
+        for removed, (i, r) in enumerate(finished):
+            del self.running[i - removed]
             eng._finish(self, r)
             if self.estimator is not None:
                 self.estimator.note_request_finished(r.req.rid, natural_stop=r.finish_reason["type"] == "stop")
@@ -454,6 +506,7 @@ class Engine:
             self._submitted += 1
             run = _Running(req=req, input_ids=input_ids, track=track,
                            draft_key=(seed, prompt_key, sample_key, 3),
+                           stream_key=model.StreamKey.of((seed, prompt_key, sample_key, 3)),
                            end=end, finish_reason=reason, pool_index=-1,
                            submitted_clock=rank.clock, future=fut)
             rank.waiting.append(run)
@@ -559,9 +612,10 @@ class Engine:
             # Refill what the last forward finished (C at start), while arrivals keep
             # coming: give up once none has arrived for lockstep_wait_s.
             want = min(target, self._in_flight_before_finish)
+            began = time.monotonic()
             while not self._stop:
                 in_flight = sum(len(r.waiting) + len(r.running) for r in self.ranks)
-                quiet = time.monotonic() - self._last_submit
+                quiet = time.monotonic() - max(self._last_submit, began)
                 if in_flight >= want or (in_flight > 0 and quiet >= self.cfg.lockstep_wait_s):
                     self._in_flight_before_finish = 0
                     return

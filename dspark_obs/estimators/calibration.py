@@ -682,7 +682,8 @@ def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binni
     y, p, g = y[ok], np.clip(p[ok], 0.0, 1.0), gidx[mask][ok]
     base = {"workload": workload, "position": k + 1, "labels": ev.labels}
     common = {"mode": ev.mode or None, "label_source": ev.label_source, "n": int(y.size),
-              "n_requests": int(np.unique(g).size), "bootstrap": n_boot if y.size and n_boot else 0}
+              "n_requests": int(np.count_nonzero(np.bincount(g))) if g.size else 0,  # distinct groups (g >= 0)
+              "bootstrap": n_boot if y.size and n_boot else 0}
     if y.size:
         common.update(mean_predicted=float(p.mean()), observed_rate=float(y.mean()), brier=brier_score_loss(y, p),
                       log_loss=log_loss(y, p), auroc=_none_if_nan(auroc_score(y, p)))
@@ -723,10 +724,12 @@ def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 100
     """The ``calibration`` and ``calibration_bins`` rows of one :class:`RunEvents` (pure)."""
     _check_options(binnings, n_bootstrap, confidence_level)
     rows, bin_rows = [], []
-    workloads = ["*", *sorted(set(ev.workload.tolist()))]
+    wl_code, wl_values = _factorize(ev.workload)
+    workloads = ["*", *wl_values]
+    rid_code, _ = _factorize(ev.rid)  # codes in sorted order of the rids
     for i, workload in enumerate(workloads):
-        mask = np.ones(len(ev.rid), dtype=bool) if workload == "*" else ev.workload == workload
-        _, gidx = np.unique(ev.rid[mask], return_inverse=True)
+        mask = np.ones(len(ev.rid), dtype=bool) if workload == "*" else wl_code == i - 1
+        gidx = _dense(rid_code[mask])  # np.unique(ev.rid[mask], return_inverse=True)[1], without sorting strings
         full_gidx = np.zeros(len(ev.rid), dtype=np.int64)
         full_gidx[mask] = gidx
         n_groups = int(gidx.max()) + 1 if gidx.size else 0
@@ -738,6 +741,33 @@ def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 100
             bin_rows += b
     return (pa.Table.from_pylist(rows, schema=CALIBRATION.remove_metadata()),
             pa.Table.from_pylist(bin_rows, schema=CALIBRATION_BINS.remove_metadata()))
+
+
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, list]:
+    """Codes of ``values`` numbered in their sorted order, and the sorted distinct values.
+
+    The same numbering as ``np.unique(values, return_inverse=True)``, by hashing
+    each value once and sorting only the distinct ones.
+    """
+    import pandas as pd
+
+    codes, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
+    uniques = np.asarray(uniques, dtype=object if np.asarray(values).dtype == object else None)
+    if uniques.size == 0:
+        return codes.astype(np.int64), []
+    order = np.argsort(uniques, kind="stable")
+    rank = np.empty(order.size, dtype=np.int64)
+    rank[order] = np.arange(order.size)
+    return rank[codes], uniques[order].tolist()
+
+
+def _dense(codes: np.ndarray) -> np.ndarray:
+    """Renumber non-negative codes 0..k-1 keeping their order (``np.unique(codes, return_inverse=True)[1]``)."""
+    if codes.size == 0:
+        return codes.astype(np.int64)
+    present = np.zeros(int(codes.max()) + 1, dtype=np.int64)
+    present[codes] = 1
+    return (np.cumsum(present) - 1)[codes]
 
 
 def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", companion: str | None = None,

@@ -1,0 +1,220 @@
+"""Live collection: the collector against the emulator at full speed, and what it costs the server.
+
+Three processes besides this one: the emulator (``python -m dspark_obs.cli
+emulate``, as a server runs: its own interpreter and core), a closed-loop load
+generator (``python -m bench.collect loadgen``: keep-alive HTTP/1.1 on raw
+asyncio streams, one connection per request in flight, so the batch stays full
+at ``--max-running-requests``) and the collector (``Collector`` from
+``collectors.sglang.session`` with the store, in its own process).
+
+The emulator's step-loop rate is read from its own counter
+(``sglang:spec_verify_calls_total`` on ``/metrics``: request-steps) over
+fixed windows: windows without the collector before it starts and after it
+stops, windows with it polling in between; the slowdown is
+``1 - median(with) / median(without)``.  The collector never clears (``clear_at
+0``: every clear loses the server's pending step); the emulator's record deque
+(``--max-records 48``) holds three poll intervals at the measured step rate, so
+nothing wraps between polls, every record is read, and the server encodes each
+record about three times (``/server_info`` always sends the whole deque).  Gaps, dead letters, rows and the collector's RSS over
+time (bounded memory) come from the collector's own process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import run_child  # noqa: E402
+
+_W = ("arena-hard", "poetry", "gsm8k")
+_METRIC = re.compile(rb"^sglang:spec_verify_calls_total\{[^}]*\} ([0-9.e+]+)", re.M)
+
+
+# -- the load generator (its own process) -------------------------------------------
+
+async def _worker(host: str, port: int, first: int, stride: int, stop: float, done: list[int]) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    i = first
+    try:
+        while time.monotonic() < stop:
+            w = _W[i % len(_W)]
+            body = json.dumps({"rid": f"{w}-{i:08d}", "text": f"[{w}] bench request {i}",
+                               "sampling_params": {"temperature": 0.0 if i % 2 else 0.7,
+                                                   "max_new_tokens": 1024, "sampling_seed": i}}).encode()
+            writer.write(b"POST /generate HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+            await reader.readexactly(length)
+            done[0] += 1
+            i += stride
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+async def _loadgen(url: str, concurrency: int, duration: float) -> int:
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    done = [0]
+    stop = time.monotonic() + duration
+    await asyncio.gather(*(_worker(host, int(port), k, concurrency, stop, done) for k in range(concurrency)))
+    return done[0]
+
+
+# -- the collector (its own process, via bench.child) ---------------------------------
+
+def collector(url: str, out: str, duration: float, poll_interval: float) -> dict:
+    """Collect for ``duration`` seconds; the summary and this process's RSS every half second."""
+    from collectors.sglang.session import CollectOptions, Collector
+    from dspark_obs.store import Store
+
+    samples: list[float] = []
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.5):
+            samples.append(_rss_mb(os.getpid()))
+
+    threading.Thread(target=sample, daemon=True).start()
+    opts = CollectOptions(url=url, run_id="bench-collect", poll_interval=poll_interval, clear_at=0,
+                          flush_interval=2.0, duration=duration)
+    t0 = time.process_time()
+    summary = asyncio.run(Collector(Store(out), opts).run())
+    cpu = time.process_time() - t0
+    stop.set()
+    return {"steps": summary.steps, "step_reqs": summary.step_reqs, "gaps": summary.gaps,
+            "lost_forward_cts": summary.lost_forward_cts, "dead_letters": summary.dead_letters,
+            "rows_dropped": summary.rows_dropped, "polls": summary.polls, "poll_errors": summary.poll_errors,
+            "elapsed_s": summary.elapsed_s, "cpu_s": cpu, "rss_mb": samples, "end_reason": summary.end_reason}
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
+# -- the orchestration ------------------------------------------------------------------
+
+def _verify_calls(url: str) -> float:
+    import httpx
+
+    m = _METRIC.search(httpx.get(f"{url}/metrics", timeout=10).content)
+    return float(m.group(1)) if m else 0.0
+
+
+def _windows(url: str, n: int, seconds: float) -> list[float]:
+    rates = []
+    for _ in range(n):
+        c0, t0 = _verify_calls(url), time.monotonic()
+        time.sleep(seconds)
+        rates.append((_verify_calls(url) - c0) / (time.monotonic() - t0))
+    return rates
+
+
+def run(*, quick: bool, workdir: str, tiny: bool = False) -> dict:
+    from dspark_obs.emulator.server import SubprocessServer
+
+    concurrency = 32 if tiny else 512 if quick else 1024
+    window_s = 1.0 if tiny else 3.0 if quick else 5.0
+    n_off = 1 if tiny else 2 if quick else 5
+    n_on = 2 if tiny else 3 if quick else 10
+    warmup = 4.0 if tiny else 15.0 if quick else 30.0
+    # /server_info always sends the whole deque, so the server's cost per poll is
+    # max_records * bs entries: keep the deque small and poll it ~3x per fill.
+    max_records = 48
+    res: dict = {"collect.concurrency": concurrency, "collect.max_records": max_records}
+    with SubprocessServer(mode="compact", seed=0, max_running_requests=concurrency, max_records=max_records,
+                          startup_timeout=120) as srv:
+        loadgen = subprocess.Popen([sys.executable, "-m", "bench.collect", "loadgen", "--url", srv.url,
+                                    "--concurrency", str(concurrency), "--duration", "3600"], cwd=ROOT,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            time.sleep(warmup)
+            before = _windows(srv.url, n_off, window_s)
+            steps_per_s = statistics.median(before) / concurrency
+            # Each poll reads about a third of the deque new: the server encodes each record ~3 times.  The
+            # collector sleeps poll_interval *after* each poll, so a poll cycle is longer than the interval;
+            # at 2x (tried) the deque wrapped between polls.
+            poll = round(min(2.0, max(0.1, max_records / (3.0 * max(steps_per_s, 1e-3)))), 2)
+            res["collect.records_per_s"] = round(steps_per_s, 1)
+            res["collect.poll_interval_s"] = poll
+            out = tempfile.mkdtemp(prefix="bench-collect-", dir=workdir)
+            holder: dict = {}
+            duration = window_s * n_on + 4.0
+            th = threading.Thread(target=lambda: holder.update(run_child(
+                "bench.collect:collector", timeout=duration + 120, url=srv.url, out=out, duration=duration,
+                poll_interval=poll)))
+            th.start()
+            time.sleep(2.0)  # the collector's start-up and first poll
+            during = _windows(srv.url, n_on, window_s)
+            th.join()
+            after = _windows(srv.url, n_off, window_s)
+        finally:
+            loadgen.send_signal(signal.SIGTERM)
+            try:
+                lg_out, _ = loadgen.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                loadgen.kill()
+                lg_out = ""
+    without = before + after
+    res["collect.step_loop_rate_without"] = round(statistics.median(without))
+    res["collect.step_loop_rate_with"] = round(statistics.median(during))
+    res["collect.step_loop_rate_without_min"] = round(min(without))
+    res["collect.step_loop_rate_without_max"] = round(max(without))
+    res["collect.step_loop_rate_with_min"] = round(min(during))
+    res["collect.step_loop_rate_with_max"] = round(max(during))
+    res["collect.step_loop_slowdown"] = round(1 - statistics.median(during) / statistics.median(without), 4)
+    res["collect.request_steps_per_s"] = res["collect.step_loop_rate_with"]
+    c = holder
+    if "error" in c:
+        res["collect.error"] = c["error"]
+        return res
+    rss = [x for x in c["rss_mb"] if x == x]
+    res.update({
+        "collect.gaps": c["gaps"], "collect.lost_forward_cts": c["lost_forward_cts"],
+        "collect.dead_letters": c["dead_letters"], "collect.rows_dropped": c["rows_dropped"],
+        "collect.rows": c["step_reqs"], "collect.steps": c["steps"], "collect.polls": c["polls"],
+        "collect.rows_per_s": round(c["step_reqs"] / c["elapsed_s"]) if c["elapsed_s"] else None,
+        "collect.collector_cpu_share": round(c["cpu_s"] / c["elapsed_s"], 3) if c["elapsed_s"] else None,
+        "collect.peak_mb": c["peak_rss_mb"],
+        "collect.rss_first_half_max_mb": round(max(rss[: len(rss) // 2]), 1) if len(rss) > 1 else None,
+        "collect.rss_second_half_max_mb": round(max(rss[len(rss) // 2:]), 1) if len(rss) > 1 else None,
+    })
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="load generator for the live-collection benchmark")
+    ap.add_argument("mode", choices=["loadgen"])
+    ap.add_argument("--url", required=True)
+    ap.add_argument("--concurrency", type=int, default=512)
+    ap.add_argument("--duration", type=float, default=30.0)
+    args = ap.parse_args(argv)
+    done = asyncio.run(_loadgen(args.url, args.concurrency, args.duration))
+    print(json.dumps({"requests": done}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

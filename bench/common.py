@@ -1,0 +1,99 @@
+"""Shared helpers of the benchmark harness: timing statistics, child processes, machine facts.
+
+Every measurement that reports peak memory runs in a fresh child process
+(``python -m bench.child MODULE:FUNCTION JSON``) and reads that process's own
+``ru_maxrss``, so one benchmark's allocations never inflate another's.  Rates
+are given per CPU second of the measuring process (``*_rows_per_s``: what one
+core does, whatever else the machine runs) and per wall second (``*_wall``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def stats(values: list[float]) -> dict[str, float]:
+    """Median, min and max of repeated measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+
+
+def measure(fn: Callable[[], Any], *, repeat: int, warmup: int = 1) -> dict[str, list[float]]:
+    """Wall and CPU seconds of ``repeat`` calls of ``fn`` (after ``warmup`` untimed calls)."""
+    for _ in range(warmup):
+        fn()
+    wall, cpu = [], []
+    for _ in range(repeat):
+        c0, w0 = time.process_time(), time.perf_counter()
+        fn()
+        cpu.append(time.process_time() - c0)
+        wall.append(time.perf_counter() - w0)
+    return {"wall": wall, "cpu": cpu}
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_child(target: str, *, timeout: float, env: dict | None = None, **kwargs: Any) -> dict:
+    """Run ``bench.<module>:<function>(**kwargs)`` in a fresh interpreter; its JSON result.
+
+    The child adds ``peak_rss_mb`` (its own ru_maxrss).  A child that fails or
+    times out gives ``{"error": ...}`` instead of raising, so one broken figure
+    does not lose the others.
+    """
+    cmd = [sys.executable, "-m", "bench.child", target, json.dumps(kwargs)]
+    try:
+        out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                             env={**os.environ, **(env or {})})
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout:.0f} s"}
+    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
+    if out.returncode != 0 or not lines:
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        return {"error": f"exit {out.returncode}: {' | '.join(tail)[:400]}"}
+    return json.loads(lines[-1])
+
+
+def machine() -> dict[str, Any]:
+    """CPU model, cores, memory and load: the context every figure needs."""
+    model = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gb = round(int(line.split()[1]) / 1024 / 1024, 1)
+    except OSError:
+        pass
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (None, None, None)
+    return {"cpu_model": model, "cores": os.cpu_count(), "memory_gb": mem_gb, "python": platform.python_version(),
+            "loadavg_1m": round(load[0], 2) if load[0] is not None else None}
+
+
+def fmt_rate(x: float | None) -> str:
+    if x is None:
+        return "-"
+    if x >= 1e6:
+        return f"{x / 1e6:.2f}M/s"
+    if x >= 1e3:
+        return f"{x / 1e3:.1f}k/s"
+    return f"{x:.1f}/s"

@@ -1,0 +1,132 @@
+"""Dashboard: time to the first full render of Overview and Calibration in headless Chromium.
+
+Starts ``dspark-obs dashboard --data STORE`` (its own process group) on a
+generated store that holds the estimator's results, drives Debian's chromium
+(``/usr/bin/chromium``, or ``$BROWSER_PATH``) with Playwright as
+``tests/browser`` does, and times each page from navigation until Streamlit's
+script run is over, no skeleton is left and every Plotly chart on the page has
+drawn.  ``cold``: the first load after the server started (its query caches
+empty); ``warm``: later loads in a fresh tab (median of three).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = {"overview": "", "calibration": "calibration"}
+CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+_DRAWN = """() => {
+  const app = document.querySelector('[data-testid="stApp"]');
+  if (!app || app.getAttribute('data-test-script-state') !== 'notRunning') return false;
+  if (document.querySelector('[data-testid="stSkeleton"]')) return false;
+  const charts = document.querySelectorAll('[data-testid="stPlotlyChart"]').length;
+  const drawn = document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot .main-svg').length;
+  const h1 = document.querySelector('h1');
+  return !!h1 && drawn >= charts ? String(charts) : false;  // "0" is truthy, 0 is not
+}"""
+
+
+def _chromium() -> str | None:
+    for candidate in (os.environ.get("BROWSER_PATH"), "/usr/bin/chromium", shutil.which("chromium")):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _start(data: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "dspark_obs.cli", "dashboard", "--data", data, "--port", str(port)],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dspark-obs dashboard exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return proc, url
+        except OSError:
+            time.sleep(0.3)
+    _stop(proc)
+    raise RuntimeError("dspark-obs dashboard did not answer /_stcore/health within 120 s")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=15)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def measure(data: str, *, warm_repeats: int = 3, timeout_ms: int = 180_000) -> dict:
+    """Cold and warm render seconds of each page of ``PAGES`` on the store at ``data``."""
+    from playwright.sync_api import sync_playwright
+
+    chromium = _chromium()
+    if chromium is None:
+        return {"error": "Debian's chromium is not installed (apt-get install -y chromium)"}
+    proc, url = _start(data)
+    out: dict = {}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+            try:
+                for name, path in PAGES.items():
+                    times = []
+                    for attempt in range(1 + warm_repeats):
+                        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+                        page = ctx.new_page()
+                        t0 = time.perf_counter()
+                        page.goto(f"{url}/{path}", wait_until="commit")
+                        page.wait_for_timeout(50)
+                        charts = int(page.wait_for_function(_DRAWN, timeout=timeout_ms).json_value())
+                        times.append(time.perf_counter() - t0)
+                        errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count()
+                        ctx.close()
+                    out[f"{name}.cold_s"] = round(times[0], 3)
+                    out[f"{name}.warm_s"] = round(statistics.median(times[1:]), 3)
+                    out[f"{name}.warm_min_s"] = round(min(times[1:]), 3)
+                    out[f"{name}.warm_max_s"] = round(max(times[1:]), 3)
+                    out[f"{name}.charts"] = charts
+                    out[f"{name}.errors"] = errors
+            finally:
+                browser.close()
+    finally:
+        _stop(proc)
+    return out
+
+
+def run(*, data: str, rows: int, warm_repeats: int = 3) -> dict:
+    try:
+        r = measure(data, warm_repeats=warm_repeats)
+    except Exception as exc:  # a missing browser or a dashboard that does not start: report, go on
+        return {"dashboard.error": f"{type(exc).__name__}: {exc}"[:400]}
+    if "error" in r:
+        return {"dashboard.error": r["error"]}
+    res = {"dashboard.store_rows": rows}
+    res.update({f"dashboard.{k}": v for k, v in r.items()})
+    res["dashboard.first_render_s"] = max(r["overview.warm_s"], r["calibration.warm_s"])
+    res["dashboard.first_render_cold_s"] = max(r["overview.cold_s"], r["calibration.cold_s"])
+    return res

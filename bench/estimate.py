@@ -1,0 +1,173 @@
+"""Ceiling estimate and calibration on generated stores of growing size.
+
+Per store size (``bench.gen_store``), in a fresh process each:
+
+* **end to end** — ``ceiling.estimate_run`` (DuckDB read, evidence, walk, the
+  acceptance model, summaries, validation, Parquet write) then
+  ``calibration.calibrate_run`` for ``observed`` and ``reconstructed`` labels;
+  rows/s per CPU second and the process's peak RSS.  No bootstrap (``0``): the
+  resampling cost is a separate, per-request figure.
+* **core** — SGLang's interval rule, vectorised (``walk_blocks`` +
+  ``sglang_interval``) on the store's own arrays, against the **baseline**: the
+  same rule as a per-row Python loop (what ``dspark_block_accept_estimator`` does
+  online), checked to give the same ``lo``/``hi``.
+
+The scaling exponent is the slope of log(CPU seconds) on log(rows) over the
+sizes (1 = linear).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from bench.common import run_child
+
+
+def _arrays(root: str):
+    """The inputs of the walk, as ``estimate_run`` builds them."""
+    from dspark_obs import sql
+    from dspark_obs.estimators import ceiling_io
+    from dspark_obs.estimators.ceiling_evidence import padded_lists
+
+    con = sql.connect(root)
+    steps, _, gamma = ceiling_io._load_steps(con, "bench", root)
+    drafts = padded_lists(steps.column("draft_tokens"), fill=-1, dtype=np.int64)
+    conf = padded_lists(steps.column("confidence"), fill=np.nan, dtype=np.float64)
+    window = ceiling_io._np(steps, "verify_len", np.int64, 1) - 1
+    correct = ceiling_io._np(steps, "correct_drafts", np.int64, 0)
+    greedy = ceiling_io._np(steps, "temperature", np.float64, np.nan) == 0.0
+    evidence, _, natural_end, _ = ceiling_io._aligned_evidence(con, "bench", steps, drafts, correct)
+    return drafts, window, correct, evidence.realised, natural_end, greedy, conf
+
+
+def sglang_rule_loop(drafts, window, correct, realised, natural_end, a):
+    """SGLang's interval rule, one request-step at a time (the baseline)."""
+    drafts, realised, a = drafts.tolist(), realised.tolist(), a.tolist()
+    window, correct, natural_end = window.tolist(), correct.tolist(), natural_end.tolist()
+    n, gamma = len(drafts), len(drafts[0]) if drafts else 0
+    lo, hi = [0.0] * n, [0.0] * n
+    for i in range(n):
+        w, c = window[i], correct[i]
+        if c != w or w >= gamma:
+            lo[i] = hi[i] = float(c)
+            continue
+        extra, prod, rest = 0.0, 1.0, 0
+        d, r, ai = drafts[i], realised[i], a[i]
+        for k in range(w, gamma):
+            if r[k] == -1:  # the output ran out: rejected at EOS, unknown otherwise
+                rest = 0 if natural_end[i] else gamma - k
+                break
+            prod *= ai[k]
+            extra += prod
+            if r[k] != d[k]:
+                rest = gamma - k - 1
+                break
+        lo[i] = w + extra
+        hi[i] = lo[i] + prod * rest
+    return np.asarray(lo), np.asarray(hi)
+
+
+def core(root: str, loop_rows: int) -> dict:
+    from dspark_obs.estimators.ceiling_walk import sglang_interval, walk_blocks
+
+    drafts, window, correct, realised, natural_end, greedy, conf = _arrays(root)
+    n = len(window)
+    eq = (drafts == realised).astype(np.float64)
+    a = np.where(greedy[:, None], eq, np.nan_to_num(conf, nan=0.5))
+    c0 = time.process_time()
+    walk = walk_blocks(drafts, window, correct, realised, natural_end)
+    lo, _, hi = sglang_interval(walk, a)
+    vec_cpu = time.process_time() - c0
+    m = min(n, loop_rows)
+    c0 = time.process_time()
+    lo2, hi2 = sglang_rule_loop(drafts[:m], window[:m], correct[:m], realised[:m], natural_end[:m], a[:m])
+    loop_cpu = time.process_time() - c0
+    same = bool(np.allclose(lo[:m], lo2, rtol=0, atol=1e-9) and np.allclose(hi[:m], hi2, rtol=0, atol=1e-9))
+    return {"rows": n, "vec_cpu": vec_cpu, "loop_rows": m, "loop_cpu": loop_cpu, "same": same}
+
+
+def end_to_end(root: str) -> dict:
+    from dspark_obs import sql
+    from dspark_obs.estimators import calibration, ceiling
+
+    con = sql.connect(root, read_only=False)
+    c0, w0 = time.process_time(), time.perf_counter()
+    run = ceiling.estimate_run(con, "bench", n_bootstrap=0)
+    est_cpu, est_wall = time.process_time() - c0, time.perf_counter() - w0
+    c0, w0 = time.process_time(), time.perf_counter()
+    for labels in ("observed", "reconstructed"):
+        calibration.calibrate_run(con, "bench", labels=labels, n_bootstrap=0)
+    cal_cpu, cal_wall = time.process_time() - c0, time.perf_counter() - w0
+    return {"rows": run.ceiling.num_rows, "estimate_cpu": est_cpu, "estimate_wall": est_wall,
+            "calibrate_cpu": cal_cpu, "calibrate_wall": cal_wall}
+
+
+def _slope(xs: list[float], ys: list[float]) -> float | None:
+    if len(xs) < 2:
+        return None
+    lx, ly = np.log(xs), np.log(ys)
+    return float(np.polyfit(lx, ly, 1)[0])
+
+
+def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap_gb: float = 12.0) -> dict:
+    from bench.gen_store import generate
+
+    sizes = sizes or ([100_000, 300_000, 1_000_000] if quick else [1_000_000, 3_000_000, 10_000_000])
+    res: dict = {"estimate.sizes": ",".join(str(s) for s in sizes)}
+    done_rows, done_cpu, done_peak = [], [], []
+    last_ok = None
+    for size in sizes:
+        root = os.path.join(workdir, f"store-{size}")
+        t0 = time.perf_counter()
+        info = generate(root, rows=size)
+        res[f"estimate.gen_s.{size}"] = round(time.perf_counter() - t0, 1)
+        res[f"estimate.gen_rows_per_s.{size}"] = round(info["rows"] / (time.perf_counter() - t0))
+        # Projected peak from the previous size (linear): skip a size that cannot fit.
+        if last_ok is not None:
+            if len(done_rows) >= 2:  # the line through the last two sizes
+                (r1, r2), (p1, p2) = done_rows[-2:], done_peak[-2:]
+                projected = (p2 + (p2 - p1) * (size - r2) / (r2 - r1)) / 1024
+            else:  # through the origin: an upper bound
+                projected = last_ok["peak_rss_mb"] * size / last_ok["rows"] / 1024
+            res[f"estimate.projected_peak_gb.{size}"] = round(projected, 1)
+            if projected > memory_cap_gb:
+                res[f"estimate.skipped.{size}"] = (f"projected peak {projected:.1f} GB > cap {memory_cap_gb} GB "
+                                                   "(linear from the previous size)")
+                continue
+        r = run_child("bench.estimate:end_to_end", timeout=3600, root=root)
+        if "error" in r:
+            res[f"estimate.error.{size}"] = r["error"]
+            continue
+        cpu = r["estimate_cpu"] + r["calibrate_cpu"]
+        res[f"estimate.rows_per_s.{size}"] = round(r["rows"] / cpu)
+        res[f"estimate.estimate_rows_per_s.{size}"] = round(r["rows"] / r["estimate_cpu"])
+        res[f"estimate.calibrate_rows_per_s.{size}"] = round(r["rows"] / r["calibrate_cpu"])
+        res[f"estimate.rows_per_s_wall.{size}"] = round(r["rows"] / (r["estimate_wall"] + r["calibrate_wall"]))
+        res[f"estimate.peak_mb.{size}"] = r["peak_rss_mb"]
+        done_rows.append(r["rows"])
+        done_cpu.append(cpu)
+        done_peak.append(r["peak_rss_mb"])
+        last_ok = {"rows": r["rows"], "peak_rss_mb": r["peak_rss_mb"]}
+        res["estimate.rows_per_s"] = res[f"estimate.rows_per_s.{size}"]
+        res["estimate.peak_mb"] = r["peak_rss_mb"]
+        res["estimate.largest_rows"] = r["rows"]
+    slope = _slope(done_rows, done_cpu)
+    if slope is not None:
+        res["estimate.scaling_exponent"] = round(slope, 3)
+    # core rule vs the per-row loop, on the largest store that ran end to end
+    if last_ok is not None:
+        largest = [s for s in sizes if f"estimate.peak_mb.{s}" in res][-1]
+        root = os.path.join(workdir, f"store-{largest}")
+        c = run_child("bench.estimate:core", timeout=3600, root=root, loop_rows=50_000 if quick else 300_000)
+        if "error" in c:
+            res["estimate.core_error"] = c["error"]
+        else:
+            res["estimate.core_rows_per_s"] = round(c["rows"] / c["vec_cpu"])
+            res["estimate.baseline_rows_per_s"] = round(c["loop_rows"] / c["loop_cpu"])
+            res["estimate.core_ratio"] = round(res["estimate.core_rows_per_s"] / res["estimate.baseline_rows_per_s"], 1)
+            res["estimate.ratio"] = round(res["estimate.rows_per_s"] / res["estimate.baseline_rows_per_s"], 2)
+            res["estimate.core_matches_loop"] = c["same"]
+    return res

@@ -1,0 +1,140 @@
+"""The benchmark harness runs, and the optimised paths it measures agree with their references.
+
+No timing is asserted here: the figures live in ``bench/RESULTS.md`` and come
+from ``bench/run_all``.  These checks keep the harness runnable (tiny sizes) and
+the fast paths honest (the same rows as the reference paths).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import msgspec
+import numpy as np
+import pytest
+
+from bench import estimate, gen_store, ingest
+from collectors.sglang import decode
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def body(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bench") / "server_info.json"
+    ingest.make_body(str(path), records=6, batch=24)
+    return path
+
+
+def _tables(info, **kw):
+    return [decode.records_to_tables(rank.records, dp_rank=rank.dp_rank, **kw) for rank in info.ranks]
+
+
+def test_the_fast_decoder_gives_the_reference_rows(body):
+    data = body.read_bytes()
+    fast, ref = decode._decode_fast(data), decode._decode_reference(data)
+    assert fast is not None and fast.ranks[0].records
+    for (s1, q1), (s2, q2) in zip(_tables(fast, segment=2), _tables(ref, segment=2)):
+        assert s1.equals(s2) and q1.equals(q2)
+    # any subset of a rank's records, as the cursor hands them over
+    f, r = fast.ranks[0].records, ref.ranks[0].records
+    for pick in ([0], [1, 2], [0, 3, 5], list(range(len(f)))[2:]):
+        a = decode.records_to_tables([f[i] for i in pick], dp_rank=0, segment=0)[1]
+        b = decode.records_to_tables([r[i] for i in pick], dp_rank=0, segment=0)[1]
+        assert a.equals(b)
+
+
+@pytest.mark.parametrize("edit", [
+    lambda q: q.update(confidence=None),
+    lambda q: q.update(confidence=[]),
+    lambda q: q.update(survival=[1, 0.5, 1e-7, 3e38]),
+    lambda q: q.update(draft_tokens=[2**31 - 1, -(2**31), 0]),
+])
+def test_edge_lists_read_the_same_on_both_paths(body, edit):
+    doc = msgspec.json.decode(body.read_bytes())
+    for rec in doc["internal_states"][0]["dspark_info_record"]["records"]:
+        edit(rec["reqs"][0])
+    data = msgspec.json.encode(doc)
+    fast, ref = decode.decode_server_info(data), decode._decode_reference(data)
+    for (s1, q1), (s2, q2) in zip(_tables(fast, segment=0), _tables(ref, segment=0)):
+        assert s1.equals(s2) and q1.equals(q2)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda q: q.update(confidence=[0.5, None]),     # a null item
+    lambda q: q.update(survival=[1e39]),            # beyond float32
+    lambda q: q.update(confidence=[0.123456789]),   # becomes the integer -0 below: its sign is the reference's call
+    lambda q: q.update(draft_tokens=[2**31]),       # out of int32
+    lambda q: q.update(draft_tokens=[1.5]),         # not an int
+    lambda q: q.update(confidence=[[0.5]]),         # nested
+])
+def test_anything_unusual_takes_the_reference_path(body, bad):
+    doc = msgspec.json.decode(body.read_bytes())
+    bad(doc["internal_states"][0]["dspark_info_record"]["records"][0]["reqs"][0])
+    data = msgspec.json.encode(doc).replace(b"0.123456789", b"-0")
+    assert decode._decode_fast(data) is None
+    info = decode.decode_server_info(data)
+    ref = decode._decode_reference(data)
+    assert len(info.ranks[0].records) == len(ref.ranks[0].records)
+    assert len(info.ranks[0].dead) == len(ref.ranks[0].dead)
+
+
+def test_ingest_sides_write_the_same_rows(body):
+    ours = ingest.ours(str(body), repeat=1)
+    base = ingest.baseline(str(body), repeat=1)
+    assert ours["rows"] == base["rows"] == 6 * 24
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("store")
+    info = gen_store.generate(root, rows=4000, block_requests=200)
+    assert 4000 <= info["rows"] < 4000 + 2000 and info["tokens"] > info["rows"]
+    return root
+
+
+def test_generated_stores_estimate_and_calibrate(small_store):
+    out = estimate.end_to_end(str(small_store))
+    assert out["rows"] >= 4000
+    from dspark_obs import sql
+
+    con = sql.connect(small_store)
+    cats = dict(con.sql("SELECT category, count(*) FROM ceiling GROUP BY 1").fetchall())
+    assert cats.get("exact_in_window") and cats.get("censored_resolved_exact")
+    # the generator's truth is what a full block accepts: the greedy ceiling is exact
+    exact = con.sql("""SELECT count(*) FILTER (WHERE abs(c.mid - s.emu_block_accept) > 1e-9), count(*)
+                       FROM ceiling c JOIN step_reqs s USING (run_id, dp_rank, forward_ct, rid)
+                       WHERE c.temperature = 0 AND c.category IN ('exact_in_window', 'censored_resolved_exact')""").fetchall()[0]
+    assert exact[1] > 0 and exact[0] == 0
+
+
+def test_the_vectorised_rule_matches_the_per_row_loop(small_store):
+    out = estimate.core(str(small_store), loop_rows=10_000)
+    assert out["same"] and out["loop_rows"] == out["rows"]
+
+
+def test_the_loop_baseline_is_sglangs_rule_on_a_hand_case():
+    drafts = np.array([[5, 6, 7, 8], [5, 6, 7, 8], [5, 6, 7, 8]])
+    realised = np.array([[5, 6, 9, 8], [5, 6, -1, -1], [5, 6, 7, 8]])
+    lo, hi = estimate.sglang_rule_loop(drafts, np.array([1, 1, 2]), np.array([1, 1, 1]), realised,
+                                       np.array([False, False, False]), np.full((3, 4), 0.5))
+    # row 0: d2 accepted (0.5), d3 diverges (0.25), d4 unverifiable -> hi adds 0.25 * 1
+    assert lo.tolist() == [1.75, 1.5, 1.0] and hi.tolist() == [2.0, 2.5, 1.0]
+
+
+def test_run_all_writes_its_figures(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all"), "--tiny", "--only",
+                           "ingest,collect,estimate", "--json", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=280)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    for key in ("ingest.rows_per_s", "ingest.baseline_rows_per_s", "ingest.ratio", "ingest.peak_mb",
+                "collect.gaps", "collect.step_loop_slowdown", "estimate.rows_per_s", "estimate.ratio",
+                "estimate.peak_mb", "estimate.scaling_exponent"):
+        assert key in res, (key, {k: v for k, v in res.items() if "error" in k})
+    assert res["collect.dead_letters"] == 0
+    assert "ingest rows/s" in proc.stdout and "baseline" in proc.stdout and "ratio" in proc.stdout
