@@ -22,8 +22,12 @@ _f32, _f64, _str = pa.float32(), pa.float64(), pa.string()
 _ts = pa.timestamp("us", tz="UTC")
 
 
-def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+def field(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
+    """A column with its documentation attached (the README's data model is built from it)."""
     return pa.field(name, type_, nullable=nullable, metadata={b"doc": doc.encode()})
+
+
+_f = field
 
 
 RUNS = pa.schema([

@@ -43,7 +43,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -69,8 +68,7 @@ _STRATEGIES = ("uniform", "quantile")
 _f64, _str, _i16, _i32, _i64 = pa.float64(), pa.string(), pa.int16(), pa.int32(), pa.int64()
 
 
-def _fld(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
-    return pa.field(name, type_, nullable=nullable, metadata={b"doc": doc.encode()})
+_fld = schema.field  # a documented column
 
 
 CALIBRATION = pa.schema([
@@ -662,17 +660,8 @@ class RunCalibration:
 
 def _connect(con_or_store):
     from dspark_obs import sql
-    from dspark_obs.store import Store
 
-    if isinstance(con_or_store, Store):
-        return sql.connect(con_or_store.root), con_or_store
-    if isinstance(con_or_store, (str, Path)):
-        return sql.connect(con_or_store), Store(con_or_store)
-    root = sql.root_of(con_or_store)
-    if root is None:
-        raise TypeError("con_or_store must be a Store, a data root, or a connection from dspark_obs.sql.connect")
-    sql.refresh(con_or_store)
-    return con_or_store, Store(root)
+    return sql.connection_and_store(con_or_store)
 
 
 def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binnings, weights, gidx,

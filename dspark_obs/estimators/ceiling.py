@@ -71,8 +71,7 @@ Method = Literal["default", "sglang"]
 _i16, _i32, _i64, _f32, _f64, _str = pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string()
 
 
-def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
-    return pa.field(name, type_, nullable=nullable, metadata={b"doc": doc.encode()})
+_f = schema.field  # a documented column
 
 
 def _ci(name: str, doc: str) -> list[pa.Field]:

@@ -10,7 +10,6 @@ and ``ceiling_validation``.  Use it through
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +19,7 @@ from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import ceiling_stats, pairing
 from dspark_obs.estimators.ceiling import CeilingRun, estimate_ceiling
 from dspark_obs.estimators.ceiling_evidence import check_alignment, draft_evidence, padded_lists, token_index
-from dspark_obs.store import Store, validate_run_id
+from dspark_obs.store import validate_run_id
 
 __all__ = ["run_estimate", "RESULT_TABLES"]
 
@@ -49,17 +48,7 @@ def _fetch(con, sql_text: str, params: dict) -> pa.Table:
     return con.sql(sql_text, params=params).to_arrow_table()  # DuckDB 2: fetch fully
 
 
-def _open(con_or_store):
-    """``(connection, store)`` from either."""
-    if isinstance(con_or_store, Store):
-        return sqlmod.connect(con_or_store.root), con_or_store
-    if isinstance(con_or_store, (str, Path)):
-        return sqlmod.connect(con_or_store), Store(con_or_store)
-    root = sqlmod.root_of(con_or_store)
-    if root is None:
-        raise TypeError("estimate_run needs a connection from dspark_obs.sql.connect(root) or a Store")
-    sqlmod.refresh(con_or_store)  # a caller's connection may predate files written since
-    return con_or_store, Store(root)
+_open = sqlmod.connection_and_store
 
 
 def _np(table: pa.Table, name: str, dtype, fill) -> np.ndarray:

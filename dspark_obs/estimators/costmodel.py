@@ -61,8 +61,7 @@ _BIAS_FLOOR_SECONDS = 1e-9
 _f64, _i64, _str, _bool = pa.float64(), pa.int64(), pa.string(), pa.bool_()
 
 
-def _field(name: str, type_: pa.DataType, doc: str) -> pa.Field:
-    return pa.field(name, type_, metadata={b"doc": doc.encode()})
+_field = schema.field  # a documented column
 
 
 COSTMODEL_FIT = pa.schema([

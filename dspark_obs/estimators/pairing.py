@@ -33,8 +33,7 @@ STATUSES = ("identical", "diverged", "unverified", "failed", "no_inputs")
 PAIRABLE = ("identical", "unverified")
 
 
-def _f(name: str, type_: pa.DataType, doc: str, nullable: bool = True) -> pa.Field:
-    return pa.field(name, type_, nullable=nullable, metadata={b"doc": doc.encode()})
+_f = schema.field  # a documented column
 
 
 COMPANION_PAIRING = pa.schema([
