@@ -85,7 +85,9 @@ def test_deque_wrap_between_polls_is_reported(tmp_path, emulator):
     lost = {fct for (_, fct, _) in produced - collected}
     gaps = store.read("gaps", "r3").to_pylist()
     assert lost and gaps and {g["reason"] for g in gaps} == {"deque_wrap"}
-    assert all(any(g["first_missing_forward_ct"] <= f <= g["last_missing_forward_ct"] for g in gaps) for f in lost)
+    outside = sorted(f for f in lost if not any(g["first_missing_forward_ct"] <= f <= g["last_missing_forward_ct"]
+                                                for g in gaps))
+    assert not outside, (outside, [(g["first_missing_forward_ct"], g["last_missing_forward_ct"]) for g in gaps])
 
 
 def test_server_restart_starts_a_new_segment(tmp_path, emulator):
@@ -156,6 +158,30 @@ def test_cursor_reads_by_high_water_mark():
     d4 = cur.advance(decode_server_info(_body([{"forward_ct": 2}], startup=2.0)))
     assert d4.restarted and d4.gaps[0].reason == "server_restart" and cur.segment == 1
     assert [r.forward_ct for r in d4.new[0]] == [2]
+
+
+def test_a_wrap_before_the_first_poll_is_reported_when_the_run_started_empty():
+    cur = ForwardCursor()
+    cur.note_start(decode_server_info(_body([])))  # the body read when the run starts
+    d1 = cur.advance(decode_server_info(_body([{"forward_ct": 9}, {"forward_ct": 10}])))
+    assert [r.forward_ct for r in d1.new[0]] == [9, 10]
+    assert [(g.first_missing_forward_ct, g.last_missing_forward_ct, g.reason) for g in d1.gaps] == [(1, 8, "deque_wrap")]
+    # records that predate the run are history, not loss: nothing to report
+    cold = ForwardCursor()
+    cold.note_start(decode_server_info(_body([{"forward_ct": 4}])))
+    assert not cold.advance(decode_server_info(_body([{"forward_ct": 9}, {"forward_ct": 10}]))).gaps
+
+
+def test_a_jump_after_a_prefill_is_loss_only_when_the_deque_is_full():
+    def timed(*fcts):  # step_cpu_ms is absent on the record after a prefill
+        return msgspec.json.encode({"startup_time": 1.0, "internal_states": [{"dspark_info_record": {
+            "mode": "compact", "gamma": 3, "components": ["core", "step_cpu_time"],
+            "records": [{"forward_ct": f} for f in fcts]}}]})
+    for capacity, expected in [(3, [(1, 4, "deque_wrap")]), (4, [])]:
+        cur = ForwardCursor(capacity=capacity)
+        cur.note_start(decode_server_info(timed()))
+        gaps = cur.advance(decode_server_info(timed(5, 6, 7))).gaps
+        assert [(g.first_missing_forward_ct, g.last_missing_forward_ct, g.reason) for g in gaps] == expected
 
 
 def test_a_server_without_dspark_records_is_refused_with_the_fix(tmp_path, emulator):

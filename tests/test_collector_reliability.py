@@ -122,18 +122,44 @@ def test_a_stuck_disk_drops_counted_rows_and_never_stalls_polling(tmp_path, emul
     srv = emulator(mode="compact", seed=13, track_produced=True)
     store = _StuckStore(tmp_path)
     polls_while_stuck = []
+    traffic_done = threading.Event()
 
     class CountingCollector(Collector):
         async def poll_once(self, client):
             await super().poll_once(client)
             if store.stuck_commits and not store.release.is_set():
                 polls_while_stuck.append(1)
-                if len(polls_while_stuck) >= 10:  # polling went on with the writer hung: let it finish
+                # polling went on with the writer hung and the traffic over: let the disk recover
+                if len(polls_while_stuck) >= 10 and traffic_done.is_set():
                     store.release.set()
 
-    summary = asyncio.run(CountingCollector(store, CollectOptions(
-        url=srv.url, run_id="b", poll_interval=0.02, clear_at=40, flush_interval=0.05, max_buffer_bytes=20_000,
-        drive=DriveSpec(["gsm8k", "poetry"], 40, concurrency=16, max_new_tokens=120))).run())
+    async def wave(client, rids):
+        gate = asyncio.Semaphore(16)
+
+        async def one(i):
+            async with gate:
+                wl = ("gsm8k", "poetry")[i % 2]
+                resp = await client.post("/generate", json={
+                    "text": f"[{wl}] request {i}", "rid": f"{wl}-{i}", "sampling_params": {"max_new_tokens": 120}})
+                resp.raise_for_status()
+        await asyncio.gather(*(one(i) for i in rids))
+
+    async def scenario():
+        col = CountingCollector(store, CollectOptions(
+            url=srv.url, run_id="b", poll_interval=0.02, clear_at=40, flush_interval=0.05, max_buffer_bytes=20_000))
+        run = asyncio.create_task(col.run())
+        async with httpx.AsyncClient(base_url=srv.url, timeout=60) as client:
+            await wave(client, range(4))
+            while not store.stuck_commits:        # the first commit has hung ...
+                await asyncio.sleep(0.01)
+            await wave(client, range(4, 40))      # ... and every row from here on meets a full buffer
+        traffic_done.set()
+        while not store.release.is_set():
+            await asyncio.sleep(0.01)
+        col.stop("test traffic done")
+        return await run
+
+    summary = asyncio.run(scenario())
     store.release.set()
     # The poll loop kept polling while a commit hung; nothing waited on the disk.
     assert len(polls_while_stuck) >= 10

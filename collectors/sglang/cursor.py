@@ -15,8 +15,11 @@ jump followed by a record *with* ``step_cpu_ms`` certainly lost records.  A
 jump followed by one without it is reported only after our own clear or when
 the server does not send ``step_cpu_ms`` at all (then every jump is reported),
 or when the deque's head moved since the last poll without a clear: a deque
-only loses its oldest records by wrapping, so that loss is certain.
-A rank first seen with an empty deque is followed from ``forward_ct`` 0.
+only loses its oldest records by wrapping, so that loss is certain.  Nor can a
+deque wrap without being full, so a jump seen in a full deque (``capacity``
+records: SGLang's fixed ``INFO_DUMP_MAX_RECORDS``) is reported too.
+A rank first seen with an empty deque (at the poll or at ``note_start``) is
+followed from ``forward_ct`` 0.
 """
 
 from __future__ import annotations
@@ -53,11 +56,29 @@ class PollDelta:
     restarted: bool = False
 
 
+# SGLang's dspark_observability.INFO_DUMP_MAX_RECORDS: the record deque's fixed maxlen.
+DEQUE_CAPACITY = 200_000
+
+
 class ForwardCursor:
-    def __init__(self) -> None:
+    def __init__(self, capacity: int = DEQUE_CAPACITY) -> None:
+        self.capacity = capacity
         self.segment = 0
         self.startup_time: Optional[float] = None
         self.ranks: dict[int, RankCursor] = {}
+
+    def note_start(self, info: ServerInfoPayload) -> None:
+        """Take the body read when the run starts as the baseline, consuming nothing.
+
+        A rank whose deque is empty then is followed from ``forward_ct`` 0, so a
+        wrap before the first poll is still reported; records already there are
+        read by the first poll as usual.
+        """
+        if info.startup_time is not None:
+            self.startup_time = info.startup_time
+        for rank in info.ranks:
+            if not rank.records and rank.dp_rank not in self.ranks:
+                self.ranks[rank.dp_rank] = RankCursor(seen_empty=True)
 
     def note_cleared(self) -> None:
         """Call after a successful clear request."""
@@ -98,7 +119,8 @@ class ForwardCursor:
             if following and oldest.forward_ct > cur.high_water + 1:
                 timed = "step_cpu_time" in rank.components
                 after_decode = oldest.step_cpu_ms is not None
-                if cur.cleared or after_decode or not timed or head_moved:
+                full = len(records) + len(rank.dead) >= self.capacity
+                if cur.cleared or after_decode or not timed or head_moved or full:
                     reason = "clear" if cur.cleared else "deque_wrap"
                     delta.gaps.append(Gap(rank.dp_rank, cur.high_water + 1, oldest.forward_ct - 1,
                                           reason, self.segment))

@@ -172,6 +172,10 @@ class Collector:
         if not info.has_dspark:
             raise CollectError(f"{self.opts.url} exposes no dspark_info_record: {DEBUG_DUMP_HINT}")
         first = next(r for r in info.ranks if r.gamma or r.mode)
+        self.cursor.note_start(info)
+        capacity = args.get("emulator_max_records")
+        if isinstance(capacity, int) and capacity > 0:
+            self.cursor.capacity = capacity
         env = args.get("env") if isinstance(args.get("env"), dict) else {}
         payload_mode = first.mode or env.get("SGLANG_RAGGED_VERIFY_MODE", "")
         self.summary.mode = self.opts.mode or payload_mode

@@ -59,6 +59,8 @@ def _server_args(cfg: EngineConfig, port: int) -> dict[str, Any]:
         "speculative_dspark_confidence_sts_path": None,
         "enable_metrics": True,
         "emulator": True,
+        # SGLang's record deque holds a fixed INFO_DUMP_MAX_RECORDS; the emulator's is configurable
+        "emulator_max_records": cfg.max_records,
     }
 
 
