@@ -5,8 +5,11 @@ generated store that holds the estimator's results, drives Debian's chromium
 (``/usr/bin/chromium``, or ``$BROWSER_PATH``) with Playwright as
 ``tests/browser`` does, and times each page from navigation until Streamlit's
 script run is over, no skeleton is left and every Plotly chart on the page has
-drawn.  ``cold``: the first load after the server started (its query caches
-empty); ``warm``: later loads in a fresh tab (median of three).
+drawn.  ``cold``: the first load after the server started (its query caches and
+the browser's cache empty); ``warm``: later loads in a new tab of the same
+browser profile (median of three); ``new_visitor``: a warm server seen from
+a fresh browser profile, which must download and compile Streamlit's and
+Plotly's scripts first.
 """
 
 from __future__ import annotations
@@ -50,10 +53,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start(data: str) -> tuple[subprocess.Popen, str]:
+def _start(data: str, *, floor: bool = False) -> tuple[subprocess.Popen, str]:
+    """Serve the dashboard on ``data`` (or, with ``floor``, the bare page of ``dashboard_floor.py``)."""
+    from dspark_obs.commands.dashboard import streamlit_command, streamlit_env
+
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "dspark_obs.cli", "dashboard", "--data", data, "--port", str(port)],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    if floor:
+        cmd = streamlit_command(data, port=port)
+        cmd[cmd.index("run") + 1] = str(Path(__file__).with_name("dashboard_floor.py"))
+        env = streamlit_env(data)
+    else:
+        cmd, env = [sys.executable, "-m", "dspark_obs.cli", "dashboard", "--data", data, "--port", str(port)], None
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -80,41 +92,65 @@ def _stop(proc: subprocess.Popen) -> None:
             pass
 
 
+def _load(ctx, url: str, timeout_ms: int) -> tuple[float, int, int]:
+    """Seconds from navigation to a fully drawn page in a new tab of ``ctx``; its chart and error counts."""
+    page = ctx.new_page()
+    t0 = time.perf_counter()
+    page.goto(url, wait_until="commit")
+    page.wait_for_timeout(50)
+    charts = int(page.wait_for_function(_DRAWN, timeout=timeout_ms).json_value())
+    elapsed = time.perf_counter() - t0
+    errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count()
+    page.close()
+    return elapsed, charts, errors
+
+
+def _pages(browser, url: str, pages: dict[str, str], warm_repeats: int, timeout_ms: int) -> dict:
+    out: dict = {}
+    # One browser profile, as a user's: its HTTP cache keeps Streamlit's and
+    # Plotly's scripts after the first visit.  A fresh profile per load
+    # measures a first-time visitor instead (``new_visitor_s``).
+    ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        for name, path in pages.items():
+            times, charts, errors = [], 0, 0
+            for _ in range(1 + warm_repeats):
+                t, charts, errors = _load(ctx, f"{url}/{path}", timeout_ms)
+                times.append(t)
+            visitor = browser.new_context(viewport={"width": 1400, "height": 1000})
+            out[f"{name}.new_visitor_s"] = round(_load(visitor, f"{url}/{path}", timeout_ms)[0], 3)
+            visitor.close()
+            out[f"{name}.cold_s"] = round(times[0], 3)
+            out[f"{name}.warm_s"] = round(statistics.median(times[1:]), 3)
+            out[f"{name}.warm_min_s"] = round(min(times[1:]), 3)
+            out[f"{name}.warm_max_s"] = round(max(times[1:]), 3)
+            out[f"{name}.charts"] = charts
+            out[f"{name}.errors"] = errors
+    finally:
+        ctx.close()
+    return out
+
+
 def measure(data: str, *, warm_repeats: int = 3, timeout_ms: int = 180_000) -> dict:
-    """Cold and warm render seconds of each page of ``PAGES`` on the store at ``data``."""
+    """Cold, warm and new-visitor seconds of each page of ``PAGES`` on the store at ``data``,
+    and of the framework's floor (``dashboard_floor.py``: one Plotly chart, no data) in the same run."""
     from playwright.sync_api import sync_playwright
 
     chromium = _chromium()
     if chromium is None:
         return {"error": "Debian's chromium is not installed (apt-get install -y chromium)"}
-    proc, url = _start(data)
     out: dict = {}
-    try:
-        with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
-            try:
-                for name, path in PAGES.items():
-                    times = []
-                    for attempt in range(1 + warm_repeats):
-                        ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
-                        page = ctx.new_page()
-                        t0 = time.perf_counter()
-                        page.goto(f"{url}/{path}", wait_until="commit")
-                        page.wait_for_timeout(50)
-                        charts = int(page.wait_for_function(_DRAWN, timeout=timeout_ms).json_value())
-                        times.append(time.perf_counter() - t0)
-                        errors = page.locator('[data-testid="stException"], [data-testid="stAlertContentError"]').count()
-                        ctx.close()
-                    out[f"{name}.cold_s"] = round(times[0], 3)
-                    out[f"{name}.warm_s"] = round(statistics.median(times[1:]), 3)
-                    out[f"{name}.warm_min_s"] = round(min(times[1:]), 3)
-                    out[f"{name}.warm_max_s"] = round(max(times[1:]), 3)
-                    out[f"{name}.charts"] = charts
-                    out[f"{name}.errors"] = errors
-            finally:
-                browser.close()
-    finally:
-        _stop(proc)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+        try:
+            for floor, pages in ((True, {"floor": ""}), (False, PAGES)):
+                proc, url = _start(data, floor=floor)
+                try:
+                    out.update(_pages(browser, url, pages, warm_repeats, timeout_ms))
+                finally:
+                    _stop(proc)
+        finally:
+            browser.close()
     return out
 
 
@@ -129,4 +165,6 @@ def run(*, data: str, rows: int, warm_repeats: int = 3) -> dict:
     res.update({f"dashboard.{k}": v for k, v in r.items()})
     res["dashboard.first_render_s"] = max(r["overview.warm_s"], r["calibration.warm_s"])
     res["dashboard.first_render_cold_s"] = max(r["overview.cold_s"], r["calibration.cold_s"])
+    res["dashboard.floor_s"] = r["floor.warm_s"]
+    res["dashboard.over_floor"] = round(res["dashboard.first_render_s"] / r["floor.warm_s"], 2)
     return res
