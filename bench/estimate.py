@@ -39,8 +39,8 @@ def _arrays(root: str):
     window = ceiling_io._np(steps, "verify_len", np.int64, 1) - 1
     correct = ceiling_io._np(steps, "correct_drafts", np.int64, 0)
     greedy = ceiling_io._np(steps, "temperature", np.float64, np.nan) == 0.0
-    evidence, _, natural_end, _ = ceiling_io._aligned_evidence(con, "bench", steps, drafts, correct)
-    return drafts, window, correct, evidence.realised, natural_end, greedy, conf
+    aligned = ceiling_io._aligned_evidence(con, "bench", steps, drafts, correct)
+    return drafts, window, correct, aligned.evidence.realised, aligned.natural_end, greedy, conf
 
 
 def sglang_rule_loop(drafts, window, correct, realised, natural_end, a):
@@ -101,7 +101,7 @@ def end_to_end(root: str) -> dict:
     for labels in ("observed", "reconstructed"):
         calibration.calibrate_run(con, "bench", labels=labels, n_bootstrap=0)
     cal_cpu, cal_wall = time.process_time() - c0, time.perf_counter() - w0
-    return {"rows": run.ceiling.num_rows, "estimate_cpu": est_cpu, "estimate_wall": est_wall,
+    return {"rows": run.num_rows, "estimate_cpu": est_cpu, "estimate_wall": est_wall,
             "calibrate_cpu": cal_cpu, "calibrate_wall": cal_wall}
 
 

@@ -103,7 +103,7 @@ def estimate(
     out.print(_summary_table(result))
     if result.validation is not None:
         out.print(_validation_table(result))
-    err.print(f"wrote {result.ceiling.num_rows} rows to ceiling, {result.summary.num_rows} to ceiling_summary"
+    err.print(f"wrote {result.num_rows} rows to ceiling, {result.summary.num_rows} to ceiling_summary"
               f"{'' if result.validation is None else f', {result.validation.num_rows} to ceiling_validation'}"
               f" (run {run}, method {method}). Next: dspark-obs sql --data {data} "
               "\"select * from ceiling_validation where group_kind = 'bin'\"")

@@ -261,23 +261,38 @@ from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
 
 @dataclass
 class CeilingRun:
-    """What :func:`estimate_run` computed and wrote."""
+    """What :func:`estimate_run` computed and wrote.
+
+    ``ceiling`` is the per-step table; after a write it is read back from the
+    store when first asked for (a large run's table is never held whole in memory
+    while estimating), so use ``num_rows`` for its size.
+    """
 
     run_id: str
     method: str
     gamma: int
-    ceiling: pa.Table
     summary: pa.Table
     validation: pa.Table | None
     truth_source: str | None = None
     companion: str | None = None
     steps_with_truth: int = 0
     misaligned_requests: list[str] = field(default_factory=list)
+    num_rows: int = 0
+    table: pa.Table | None = field(default=None, repr=False)   # held when not written
+    store: object = field(default=None, repr=False)            # where it was written
+
+    @property
+    def ceiling(self) -> pa.Table:
+        """The per-step ``ceiling`` rows (read back from the store on first use after a write)."""
+        if self.table is None and self.store is not None:
+            self.table = self.store.read("ceiling", self.run_id).drop_columns(["run_id"])
+        return self.table
 
 
 def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, method: Method = "default",
                  sglang_logprobs: pa.Table | None = None, n_bootstrap: int = 1000, seed: int = 0,
-                 write: bool = True) -> CeilingRun:
+                 write: bool = True, chunk_rows: int | None = None, fit_rows: int | None = None,
+                 progress=None) -> CeilingRun:
     """Estimate the ceiling of every request-step of ``run_id`` and write the result tables.
 
     ``con_or_store`` is a connection from :func:`dspark_obs.sql.connect` or a
@@ -289,8 +304,24 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     table (exact ``a_k`` for the steps it covers).  With ``write=True`` the run's
     ``ceiling``, ``ceiling_summary`` and ``ceiling_validation`` partitions are
     replaced.  Raises ValueError / LookupError with the fix in the message.
+
+    Memory follows ``chunk_rows``, not the run: requests are estimated a chunk of
+    whole requests (about ``chunk_rows`` steps, default 250k) at a time, and the
+    per-step results go to the store chunk by chunk.  Every per-step value is
+    what one pass over the whole run gives, and so are the summary and its
+    bootstrap (accumulated from per-request totals) and the validation.  One
+    exception, for runs of more than ``fit_rows`` steps (default 200k): the
+    acceptance model behind ``mid`` of temperature steps (and the stand-in
+    ``a_k`` of ``method="sglang"`` where a confidence is missing) is fitted on a
+    sample of whole requests chosen by a hash of their rid (the same sample for
+    the same run), not on every verified draft.  ``lo``/``hi``, the categories
+    and every greedy value do not depend on the fit.  ``progress(done_steps,
+    total_steps)`` is called after each chunk.
     """
+    from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
     from dspark_obs.estimators.ceiling_io import run_estimate
 
     return run_estimate(con_or_store, run_id, companion=companion, method=method,
-                        sglang_logprobs=sglang_logprobs, n_bootstrap=n_bootstrap, seed=seed, write=write)
+                        sglang_logprobs=sglang_logprobs, n_bootstrap=n_bootstrap, seed=seed, write=write,
+                        chunk_rows=chunk_rows or DEFAULT_CHUNK_ROWS, fit_rows=fit_rows or DEFAULT_FIT_ROWS,
+                        progress=progress)

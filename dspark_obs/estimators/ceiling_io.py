@@ -10,15 +10,23 @@ and ``ceiling_validation``.  Use it through
 
 from __future__ import annotations
 
+import tempfile
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import ceiling_stats, pairing
 from dspark_obs.estimators.ceiling import CeilingRun, estimate_ceiling
+from dspark_obs.estimators.ceiling_chunks import (ALL, DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS, Chunk, plan_chunks,
+                                                  sample_requests)
 from dspark_obs.estimators.ceiling_evidence import check_alignment, draft_evidence, padded_lists, token_index
+from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model
+from dspark_obs.estimators.ceiling_walk import CATEGORIES
 from dspark_obs.store import validate_run_id
 
 __all__ = ["run_estimate", "RESULT_TABLES"]
@@ -26,6 +34,9 @@ __all__ = ["run_estimate", "RESULT_TABLES"]
 RESULT_TABLES = ("ceiling", "ceiling_summary", "ceiling_validation")
 _MISALIGNED_SHARE = 0.2
 
+_PLAN_SQL = """
+SELECT rid, count(*) AS n FROM step_reqs WHERE run_id = $run GROUP BY rid ORDER BY rid NULLS LAST
+"""
 _STEPS_SQL = """
 SELECT s.dp_rank, s.forward_ct, s.segment, s.rid, s.prefix_len, s.verify_len, s.correct_drafts,
        s.cap_trim, s.bonus_token, s.draft_tokens, s.confidence, s.emu_block_accept,
@@ -36,12 +47,15 @@ LEFT JOIN (
     SELECT rid, any_value(workload) AS workload, any_value(temperature) AS temperature,
            any_value(prompt_tokens) AS prompt_tokens, any_value(completion_tokens) AS completion_tokens,
            any_value(finish_reason) AS finish_reason
-    FROM requests WHERE run_id = $run GROUP BY rid
+    FROM requests WHERE run_id = $run AND {requests_rid} GROUP BY rid
 ) AS q ON s.rid = q.rid
-WHERE s.run_id = $run
+WHERE s.run_id = $run AND {steps_rid}
 ORDER BY s.rid, s.prefix_len, s.dp_rank, s.forward_ct
 """
-_TOKENS_SQL = "SELECT rid, pos, token_id, logprob, top_ids, top_logprobs FROM tokens WHERE run_id = $run"
+_TOKENS_SQL = ("SELECT rid, pos, token_id, logprob, top_ids, top_logprobs FROM tokens "
+               "WHERE run_id = $run AND {tokens_rid}")
+_PAIRED_SQL = ("SELECT rid, dp_rank, forward_ct, true_block_accept FROM ({paired}) AS p "
+               "WHERE p.same_drafts AND {paired_rid}")
 
 
 def _fetch(con, sql_text: str, params: dict) -> pa.Table:
@@ -83,16 +97,16 @@ def _run_meta(con, run_id: str) -> tuple[str, int | None]:
     return mode, gamma
 
 
-def _truth(con, run_id: str, steps: pa.Table, mode: str, companion: str | None) -> tuple[np.ndarray, str | None]:
+def _truth(con, run_id: str, steps: pa.Table, mode: str, companion: str | None,
+           chunk: Chunk = ALL) -> tuple[np.ndarray, str | None]:
     """Realised full-block acceptance per step (NaN unknown) and where it came from."""
     n = steps.num_rows
     if companion is not None:
-        paired = pairing.paired_steps(con, run_id, companion)
-        paired = paired.filter(pc.equal(paired.column("same_drafts"), True))
+        paired = _fetch(con, _PAIRED_SQL.format(paired=pairing.PAIRED_STEPS_SQL, paired_rid=chunk.on("p.rid")),
+                        {"run": run_id, "companion": companion, **chunk.params})
         keys = pa.table({"rid": steps.column("rid"), "dp_rank": steps.column("dp_rank"),
                          "forward_ct": steps.column("forward_ct"), "row": pa.array(np.arange(n))})
-        joined = keys.join(paired.select(["rid", "dp_rank", "forward_ct", "true_block_accept"]),
-                           ["rid", "dp_rank", "forward_ct"], join_type="inner")
+        joined = keys.join(paired, ["rid", "dp_rank", "forward_ct"], join_type="inner")
         truth = np.full(n, np.nan)
         truth[joined.column("row").to_numpy()] = joined.column("true_block_accept").to_numpy().astype(np.float64)
         return truth, "companion"
@@ -105,28 +119,71 @@ def _truth(con, run_id: str, steps: pa.Table, mode: str, companion: str | None) 
     return np.full(n, np.nan), None
 
 
-def _load_steps(con, run_id: str, root) -> tuple[pa.Table, str, int]:
-    steps = _fetch(con, _STEPS_SQL, {"run": run_id})
-    if steps.num_rows == 0:
+def _plan(con, run_id: str, root) -> tuple[list, np.ndarray]:
+    """The run's distinct rids in the database's order (None last) and their steps."""
+    plan = _fetch(con, _PLAN_SQL, {"run": run_id})
+    if plan.num_rows == 0:
         known = [r[0] for r in con.execute("SELECT DISTINCT run_id FROM step_reqs ORDER BY 1").fetchall()]
         raise LookupError(f"run {run_id!r} has no step_reqs in {root}; runs with steps: "
                           f"{', '.join(known) or 'none (collect one: dspark-obs demo or dspark-obs collect)'}")
-    mode, gamma = _run_meta(con, run_id)
+    return plan.column("rid").to_pylist(), plan.column("n").to_numpy().astype(np.int64)
+
+
+def _run_gamma(con, run_id: str, gamma: int | None) -> int:
+    if gamma:
+        return int(gamma)
+    found = con.sql("SELECT max(len(draft_tokens)) FROM step_reqs WHERE run_id = $run",
+                    params={"run": run_id}).fetchall()
+    return int(found[0][0] or 0)
+
+
+def _load_steps(con, run_id: str, root, chunk: Chunk = ALL, *, gamma: int | None = None) -> tuple[pa.Table, str, int]:
+    """One chunk's steps (default: the whole run) ordered by rid, anchor, rank and step."""
+    steps = _fetch(con, _STEPS_SQL.format(requests_rid=chunk.on("rid"), steps_rid=chunk.on("s.rid")),
+                   {"run": run_id, **chunk.params})
+    if steps.num_rows == 0 and chunk.where == "TRUE":
+        _plan(con, run_id, root)  # raises LookupError with the runs that have steps
+    mode, run_gamma = _run_meta(con, run_id)
+    gamma = gamma or _run_gamma(con, run_id, run_gamma)
     lengths = pc.list_value_length(steps.column("draft_tokens")).to_numpy(zero_copy_only=False)
-    gamma = int(gamma or lengths.max())
     if (lengths != gamma).any():
         raise ValueError(f"run {run_id!r}: draft_tokens hold {sorted(set(lengths.tolist()))} tokens, "
                          f"expected gamma={gamma} (runs.gamma); re-collect the run or fix runs.gamma")
     return steps, mode, gamma
 
 
-def _aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, correct: np.ndarray):
+@dataclass
+class _Aligned:
+    """Evidence of one chunk and what the alignment check found."""
+
+    evidence: object
+    misaligned: list[str]
+    natural_end: np.ndarray
+    code: np.ndarray          # request code per step (-1: no rid), in rid order within the chunk
+    n_requests: int
+    bad_steps: int
+    checked_steps: int
+
+
+def _check_alignment_share(run_id: str, bad: int, checked: int) -> None:
+    if checked and bad > 0.5 * checked:
+        raise ValueError(f"run {run_id!r}: {bad} of {checked} steps commit tokens that "
+                         "differ from the tokens table at their positions; requests.prompt_tokens must be the "
+                         "prompt length (output position = prefix_len - prompt_tokens + 1), and tokens must "
+                         "come from the same run — re-collect with the driver (dspark-obs collect --workload)")
+
+
+def _aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, correct: np.ndarray,
+                      chunk: Chunk = ALL) -> _Aligned:
     """Evidence per drafted position, the requests whose tokens do not line up, and natural ends.
 
     Output position of ``d_1`` = ``prefix_len - prompt_tokens + 1``; a missing
     ``prompt_tokens`` is the request's smallest ``prefix_len`` (its first decode
     step, when recorded).  A request whose committed tokens disagree with the
-    tokens table on more than 20% of its steps is walked without tokens.
+    tokens table on more than 20% of its steps is walked without tokens.  Every
+    decision is per request, so a chunk of whole requests gets what the whole
+    run would; only the run-wide share of disagreeing steps (more than half: a
+    wrong ``prompt_tokens``) is checked by the caller over all chunks.
     """
     code, rids = _codes(steps.column("rid"))
     n_req = len(rids)
@@ -137,22 +194,18 @@ def _aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, cor
     prompt = _np(steps, "prompt_tokens", np.float64, np.nan)
     first_pos = prefix - np.where(np.isnan(prompt), first_seen[slot], prompt).astype(np.int64) + 1
 
-    tokens = _fetch(con, _TOKENS_SQL, {"run": run_id})
+    tokens = _fetch(con, _TOKENS_SQL.format(tokens_rid=chunk.on("rid")), {"run": run_id, **chunk.params})
     tcode, _ = _codes(tokens.column("rid"), rids)
     tokens, tcode = tokens.filter(pa.array(tcode >= 0)), tcode[tcode >= 0]
     index = token_index(tcode, _np(tokens, "pos", np.int64, -1), _np(tokens, "token_id", np.int64, -1),
                         logprob=_np(tokens, "logprob", np.float64, np.nan),
                         top_ids=padded_lists(tokens.column("top_ids"), fill=-1, dtype=np.int64),
                         top_logprobs=padded_lists(tokens.column("top_logprobs"), fill=np.nan, dtype=np.float64))
+    del tokens
     evidence = draft_evidence(index, code, first_pos, drafts)
     aligned = check_alignment(evidence, drafts, correct, _np(steps, "bonus_token", np.int64, -1))
     bad = np.bincount(slot[aligned < 0], minlength=n_req + 1)
     checked = np.bincount(slot[aligned != 0], minlength=n_req + 1)
-    if checked.sum() and bad.sum() > 0.5 * checked.sum():
-        raise ValueError(f"run {run_id!r}: {int(bad.sum())} of {int(checked.sum())} steps commit tokens that "
-                         "differ from the tokens table at their positions; requests.prompt_tokens must be the "
-                         "prompt length (output position = prefix_len - prompt_tokens + 1), and tokens must "
-                         "come from the same run — re-collect with the driver (dspark-obs collect --workload)")
     misaligned = (checked > 0) & (bad > _MISALIGNED_SHARE * checked)
     misaligned[-1] = False
     if misaligned.any():
@@ -160,7 +213,8 @@ def _aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, cor
     complete = np.bincount(tcode, minlength=n_req + 1)[slot] == _np(steps, "completion_tokens", np.int64, -1)
     stop = pc.fill_null(pc.equal(steps.column("finish_reason"), "stop"), False).to_numpy(zero_copy_only=False)
     names = np.asarray(rids.to_pylist(), dtype=object)[np.flatnonzero(misaligned[:-1])]
-    return evidence, [str(r) for r in names], stop & complete & ~misaligned[slot], code
+    return _Aligned(evidence, [str(r) for r in names], stop & complete & ~misaligned[slot], code, n_req,
+                    int(bad.sum()), int(checked.sum()))
 
 
 def _sglang_arrays(steps: pa.Table, logprobs: pa.Table | None, gamma: int):
@@ -199,51 +253,189 @@ def _ceiling_table(steps: pa.Table, est, window, correct, method: str) -> pa.Tab
     })
 
 
-def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprobs, n_bootstrap: int,
-                 seed: int, write: bool) -> CeilingRun:
-    validate_run_id(run_id)
-    con, store = _open(con_or_store)
-    steps, mode, gamma = _load_steps(con, run_id, store.root)
+@dataclass
+class _Inputs:
+    """One chunk's arrays, as :func:`estimate_ceiling` takes them."""
+
+    steps: pa.Table
+    drafts: np.ndarray
+    conf: np.ndarray
+    window: np.ndarray
+    correct: np.ndarray
+    greedy: np.ndarray
+    aligned: _Aligned
+
+
+def _inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None) -> tuple[_Inputs, str, int]:
+    steps, mode, gamma = _load_steps(con, run_id, root, chunk, gamma=gamma)
     drafts = padded_lists(steps.column("draft_tokens"), fill=-1, dtype=np.int64)
+    if drafts.shape[1] != gamma:  # an empty chunk
+        drafts = np.zeros((steps.num_rows, gamma), np.int64)
     conf = padded_lists(steps.column("confidence"), fill=np.nan, dtype=np.float64)
     if conf.shape[1] != gamma:
         conf = np.full((steps.num_rows, gamma), np.nan)
     window = _np(steps, "verify_len", np.int64, 1) - 1
     correct = _np(steps, "correct_drafts", np.int64, 0)
     greedy = _np(steps, "temperature", np.float64, np.nan) == 0.0   # unknown temperature: the sampled rule
-    evidence, misaligned, natural_end, code = _aligned_evidence(con, run_id, steps, drafts, correct)
-    q_draft, p_draft = _sglang_arrays(steps, sglang_logprobs, gamma)
-    est = estimate_ceiling(drafts, window, correct, evidence, greedy=greedy, natural_end=natural_end,
-                           confidence=conf, q_draft=q_draft, p_draft=p_draft, method=method)
-    ceiling = _ceiling_table(steps, est, window, correct, method)
+    aligned = _aligned_evidence(con, run_id, steps, drafts, correct, chunk)
+    return _Inputs(steps, drafts, conf, window, correct, greedy, aligned), mode, gamma
 
-    workload = pc.fill_null(steps.column("workload"), "unknown").to_numpy(zero_copy_only=False)
-    summary_rows = ceiling_stats.summarize(code, workload, acc_len=correct + 1.0, window=window,
-                                           censored=est.walk.censored, lo=est.lo, mid=est.mid, hi=est.hi,
-                                           n_bootstrap=n_bootstrap, seed=seed)
-    summary = pa.Table.from_pylist([{**r, "method": method} for r in summary_rows],
-                                   schema=_file_schema("ceiling_summary"))
 
+def _fit(x: _Inputs) -> AcceptanceModel:
+    ev = x.aligned.evidence
+    return fit_acceptance_model(x.conf, x.window, x.correct, x.greedy, p_topk=ev.p_topk, topk_state=ev.topk_state)
+
+
+def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprobs, n_bootstrap: int,
+                 seed: int, write: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS, fit_rows: int = DEFAULT_FIT_ROWS,
+                 progress: Callable[[int, int], None] | None = None) -> CeilingRun:
+    validate_run_id(run_id)
+    con, store = _open(con_or_store)
+    rids, counts = _plan(con, run_id, store.root)
+    chunks = plan_chunks(rids, counts, chunk_rows=chunk_rows)
+    sample = sample_requests(rids, counts, max_rows=fit_rows)
+    mode, gamma = _run_meta(con, run_id)
+    gamma = _run_gamma(con, run_id, gamma)
     if companion is None and mode == "compact":
         companion = pairing.companion_of(con, run_id)
-    truth, source = _truth(con, run_id, steps, mode, companion)
-    rows = ceiling_stats.validate(est.lo, est.mid, est.hi, truth, censored=est.walk.censored,
-                                  category=est.category, workload=workload, greedy=greedy,
-                                  emu_expected=_np(steps, "emu_expected_block_accept", np.float64, np.nan))
-    companion = companion if source == "companion" else None
-    validation = pa.Table.from_pylist(
-        [{**r, "method": method, "truth_source": source, "companion_run": companion} for r in rows],
-        schema=_file_schema("ceiling_validation")) if rows else None
-    if write:
-        for table in RESULT_TABLES:
-            store.drop_run(table, run_id)
-        store.write("ceiling", run_id, ceiling)
-        store.write("ceiling_summary", run_id, summary)
-        if validation is not None:
-            store.write("ceiling_validation", run_id, validation)
-    return CeilingRun(run_id=run_id, method=method, gamma=gamma, ceiling=ceiling, summary=summary,
-                      validation=validation, truth_source=source, companion=companion,
-                      steps_with_truth=int((~np.isnan(truth)).sum()), misaligned_requests=misaligned)
+    model = None
+    if not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk, as one pass would
+        fit_inputs, _, _ = _inputs(con, run_id, store.root, sample, gamma)
+        model = _fit(fit_inputs)
+        del fit_inputs
+    total, done = int(counts.sum()), 0
+    offset, bad, checked = 0, 0, 0
+    totals, known, misaligned = [], [], []
+    source = None
+    with _Staged(write) as staged:
+        for chunk in chunks:
+            x, mode, gamma = _inputs(con, run_id, store.root, chunk, gamma)
+            if model is None:
+                model = _fit(x)
+            part = _estimate_chunk(con, run_id, x, chunk, mode=mode, gamma=gamma, method=method, model=model,
+                                   companion=companion, sglang_logprobs=sglang_logprobs)
+            code = np.where(x.aligned.code < 0, -1, x.aligned.code + offset)
+            offset += x.aligned.n_requests
+            bad, checked = bad + x.aligned.bad_steps, checked + x.aligned.checked_steps
+            misaligned += x.aligned.misaligned
+            totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
+                                                       window=x.window, **part.summary_columns))
+            known.append(part.known)
+            source = source or part.source
+            staged.add(part.ceiling)
+            done += x.steps.num_rows
+            del x, part
+            if progress is not None:
+                progress(done, total)
+        _check_alignment_share(run_id, bad, checked)
+        summary_rows = ceiling_stats.summarize_totals(ceiling_stats.concat_totals(totals),
+                                                      n_bootstrap=n_bootstrap, seed=seed)
+        summary = pa.Table.from_pylist([{**r, "method": method} for r in summary_rows],
+                                       schema=_file_schema("ceiling_summary"))
+        kn = {k: np.concatenate([p[k] for p in known]) for k in known[0]}
+        rows = ceiling_stats.validate(kn["lo"], kn["mid"], kn["hi"], kn["truth"], censored=kn["censored"],
+                                      category=np.asarray(CATEGORIES, dtype=object)[kn["category"]],
+                                      workload=kn["workload"], greedy=kn["greedy"], emu_expected=kn["emu"])
+        steps_with_truth = int((~np.isnan(kn["truth"])).sum())
+        del kn, known
+        companion = companion if source == "companion" else None
+        validation = pa.Table.from_pylist(
+            [{**r, "method": method, "truth_source": source, "companion_run": companion} for r in rows],
+            schema=_file_schema("ceiling_validation")) if rows else None
+        if write:
+            for table in RESULT_TABLES:
+                store.drop_run(table, run_id)
+            for part in staged.parts():
+                store.write("ceiling", run_id, part)
+            store.write("ceiling_summary", run_id, summary)
+            if validation is not None:
+                store.write("ceiling_validation", run_id, validation)
+        ceiling = None if write else staged.table()
+    return CeilingRun(run_id=run_id, method=method, gamma=gamma, summary=summary, validation=validation,
+                      truth_source=source, companion=companion, steps_with_truth=steps_with_truth,
+                      misaligned_requests=misaligned, num_rows=total, table=ceiling,
+                      store=store if write else None)
+
+
+@dataclass
+class _ChunkResult:
+    ceiling: pa.Table
+    workload: np.ndarray
+    summary_columns: dict
+    known: dict                # per-step columns of the steps with a truth, for the validation
+    source: str | None
+
+
+def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, gamma: int, method: str,
+                    model: AcceptanceModel, companion: str | None, sglang_logprobs) -> _ChunkResult:
+    q_draft, p_draft = _sglang_arrays(x.steps, sglang_logprobs, gamma)
+    est = estimate_ceiling(x.drafts, x.window, x.correct, x.aligned.evidence, greedy=x.greedy,
+                           natural_end=x.aligned.natural_end, confidence=x.conf, q_draft=q_draft, p_draft=p_draft,
+                           method=method, model=model)
+    ceiling = _ceiling_table(x.steps, est, x.window, x.correct, method)
+    workload = pc.fill_null(x.steps.column("workload"), "unknown").to_numpy(zero_copy_only=False)
+    truth, source = _truth(con, run_id, x.steps, mode, companion, chunk)
+    emu = np.where(est.walk.censored, _np(x.steps, "emu_expected_block_accept", np.float64, np.nan), np.nan)
+    keep = ~np.isnan(truth) | ~np.isnan(emu)
+    known = {"lo": est.lo[keep], "mid": est.mid[keep], "hi": est.hi[keep], "truth": truth[keep],
+             "emu": emu[keep], "censored": est.walk.censored[keep], "category": est.walk.category[keep],
+             "workload": workload[keep], "greedy": x.greedy[keep]}
+    return _ChunkResult(ceiling, workload, {"censored": est.walk.censored, "lo": est.lo, "mid": est.mid,
+                                            "hi": est.hi}, known, source)
+
+
+class _Staged:
+    """Chunks of the ``ceiling`` table kept on disk until the whole run succeeded.
+
+    The run's old results are replaced only after every chunk was computed, so a
+    failure leaves them as they were.  Without ``write`` the chunks stay in memory
+    (the caller asked for the table).
+    """
+
+    def __init__(self, to_disk: bool) -> None:
+        self._to_disk = to_disk
+        self._tables: list[pa.Table] = []
+        self._dir = None
+        self._writer = None
+
+    def __enter__(self) -> "_Staged":
+        if self._to_disk:
+            self._dir = tempfile.TemporaryDirectory(prefix="dspark-obs-ceiling-")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._dir is not None:
+            self._dir.cleanup()
+
+    def add(self, table: pa.Table) -> None:
+        if not self._to_disk:
+            self._tables.append(table)
+            return
+        if self._writer is None:
+            self._path = f"{self._dir.name}/ceiling.parquet"
+            self._writer = pq.ParquetWriter(self._path, table.schema, compression="lz4")
+        self._writer.write_table(table)
+
+    def parts(self, rows: int = 1_000_000):
+        """The staged rows in order, as tables of about ``rows`` rows."""
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        batches, n = [], 0
+        for batch in pq.ParquetFile(self._path).iter_batches(batch_size=65_536):
+            batches.append(batch)
+            n += batch.num_rows
+            if n >= rows:
+                yield pa.Table.from_batches(batches)
+                batches, n = [], 0
+        if batches:
+            yield pa.Table.from_batches(batches)
+
+    def table(self) -> pa.Table:
+        return pa.concat_tables(self._tables) if self._tables else None
 
 
 def _file_schema(table: str) -> pa.Schema:

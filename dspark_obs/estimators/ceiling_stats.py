@@ -11,9 +11,12 @@ so utilisation = mean acc_len / mean ceiling accept length.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-__all__ = ["summarize", "validate", "equal_count_bins", "N_BINS"]
+__all__ = ["summarize", "summarize_totals", "request_totals", "concat_totals", "RequestTotals", "validate",
+           "equal_count_bins", "N_BINS"]
 
 N_BINS = 8
 ALL = "*"
@@ -25,18 +28,15 @@ def _groups(labels: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return [(ALL, np.ones(text.size, dtype=bool))] + [(n, text == n) for n in np.unique(text).tolist()]
 
 
-def _bootstrap_ratios(request: np.ndarray, numerators: np.ndarray, denominator: np.ndarray,
-                      ratio_pairs: list[tuple[int, int]], *, n_bootstrap: int,
-                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def _bootstrap_ratios(sums: np.ndarray, den: np.ndarray, ratio_pairs: list[tuple[int, int]], *,
+                      n_bootstrap: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Point values and 95% percentile intervals of sum(num)/sum(den) per column, plus
     ratios of two numerator sums, resampling requests with replacement.
 
+    ``sums [r, m]`` and ``den [r]`` are per-request totals (one row per request).
     Returns ``values [m + r]`` and ``ci [2, m + r]``.
     """
-    codes, inv = np.unique(request, return_inverse=True)
-    r = codes.size
-    sums = np.stack([np.bincount(inv, weights=col, minlength=r) for col in numerators.T], axis=1)
-    den = np.bincount(inv, weights=denominator, minlength=r)
+    r = den.size
 
     def stats(num: np.ndarray, d: np.ndarray) -> np.ndarray:
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -50,6 +50,48 @@ def _bootstrap_ratios(request: np.ndarray, numerators: np.ndarray, denominator: 
     weights = rng.multinomial(r, np.full(r, 1.0 / r), size=n_bootstrap).astype(np.float64)  # [B, R]
     boot = stats(weights @ sums, weights @ den)
     return values, np.nanpercentile(boot, [2.5, 97.5], axis=0)
+
+
+@dataclass(frozen=True)
+class RequestTotals:
+    """Per-request sums of a run's steps: all the summary and its bootstrap need.
+
+    One entry per (request, workload); requests are whole within a chunk of
+    requests, so the totals of chunks concatenate (:func:`concat_totals`).
+    """
+
+    request: np.ndarray   # [u] int request code (the resampling unit), ascending
+    workload: np.ndarray  # [u] object workload label
+    sums: np.ndarray      # [u, 6] acc_len, mid + 1, lo + 1, hi + 1, window, censored
+    steps: np.ndarray     # [u] float steps
+
+
+def request_totals(request: np.ndarray, workload: np.ndarray, *, acc_len: np.ndarray, window: np.ndarray,
+                   censored: np.ndarray, lo: np.ndarray, mid: np.ndarray, hi: np.ndarray) -> RequestTotals:
+    """Sum each request's steps (in row order, as one pass over the run would)."""
+    request = np.asarray(request, dtype=np.int64)
+    text = np.asarray(workload).astype(str)
+    names, wl = np.unique(text, return_inverse=True) if text.size else (np.zeros(0, str), np.zeros(0, np.int64))
+    keys, first, inv = np.unique(request * max(1, names.size) + wl.reshape(-1) if request.size else request,
+                                 return_index=True, return_inverse=True)
+    inv = inv.reshape(-1)
+    u = keys.size
+    num = np.stack([acc_len, mid + 1.0, lo + 1.0, hi + 1.0, window, censored], axis=1).astype(np.float64)
+    sums = np.stack([np.bincount(inv, weights=col, minlength=u) for col in num.T], axis=1) if u else \
+        np.zeros((0, 6))
+    return RequestTotals(request=request[first], workload=np.asarray(text[first], dtype=object), sums=sums,
+                         steps=np.bincount(inv, minlength=u).astype(np.float64))
+
+
+def concat_totals(parts: list[RequestTotals]) -> RequestTotals:
+    """Totals of disjoint sets of requests as one, ordered by request code (stable)."""
+    if not parts:
+        return RequestTotals(np.zeros(0, np.int64), np.zeros(0, object), np.zeros((0, 6)), np.zeros(0))
+    req = np.concatenate([p.request for p in parts])
+    order = np.argsort(req, kind="stable")
+    return RequestTotals(req[order], np.concatenate([p.workload for p in parts])[order],
+                         np.concatenate([p.sums for p in parts])[order],
+                         np.concatenate([p.steps for p in parts])[order])
 
 
 def summarize(
@@ -74,20 +116,33 @@ def summarize(
     request = np.asarray(request)
     if request.size == 0:
         return []
-    num = np.stack([acc_len, mid + 1.0, lo + 1.0, hi + 1.0, window, censored], axis=1).astype(np.float64)
+    _, codes = np.unique(request, return_inverse=True)
+    totals = request_totals(codes.reshape(-1), workload, acc_len=acc_len, window=window, censored=censored,
+                            lo=lo, mid=mid, hi=hi)
+    return summarize_totals(totals, n_bootstrap=n_bootstrap, seed=seed)
+
+
+def summarize_totals(totals: RequestTotals, *, n_bootstrap: int = 1000, seed: int = 0) -> list[dict]:
+    """:func:`summarize` from per-request totals (the same numbers, bit for bit)."""
+    if totals.request.size == 0:
+        return []
     rows = []
-    for ordinal, (name, mask) in enumerate(_groups(workload)):
+    for ordinal, (name, mask) in enumerate(_groups(totals.workload)):
         if not mask.any():
             continue
         rng = np.random.default_rng([seed, ordinal])
+        req, sums, den = totals.request[mask], totals.sums[mask], totals.steps[mask]
+        if req.size > 1 and (np.diff(req) == 0).any():  # a request under two workloads: one unit
+            _, inv = np.unique(req, return_inverse=True)
+            sums = np.stack([np.bincount(inv, weights=col) for col in sums.T], axis=1)
+            den = np.bincount(inv, weights=den)
         # columns: 0 acc_len, 1 mid, 2 lo, 3 hi, 4 window, 5 censored; ratios acc/mid, acc/hi, acc/lo
-        val, ci = _bootstrap_ratios(request[mask], num[mask], np.ones(int(mask.sum())),
-                                    [(0, 1), (0, 3), (0, 2)], n_bootstrap=n_bootstrap, rng=rng)
+        val, ci = _bootstrap_ratios(sums, den, [(0, 1), (0, 3), (0, 2)], n_bootstrap=n_bootstrap, rng=rng)
         row = {
             "workload": name,
-            "requests": int(np.unique(request[mask]).size),
-            "steps": int(mask.sum()),
-            "censored_steps": int(np.asarray(censored)[mask].sum()),
+            "requests": int(den.size),
+            "steps": int(den.sum()),
+            "censored_steps": int(sums[:, 5].sum()),
             "censored_share": float(val[5]),
             "mean_window": float(val[4]),
             "n_bootstrap": int(n_bootstrap),

@@ -1,0 +1,117 @@
+"""Chunks of whole requests, and a deterministic sample of them, for bounded-memory estimates.
+
+A request's steps and tokens depend on each other (the walk reads tokens the
+request committed later) but never on another request's, so a run can be
+estimated a few requests at a time: memory then follows the chunk, not the
+store.  Chunks are contiguous ranges of rids in sorted order (plus one chunk
+for steps without a rid), so that concatenating them gives exactly the rows,
+in exactly the order, of one pass ordered by rid.
+
+What needs the whole run is handled apart: the acceptance model is fitted on a
+**sample** of whole requests chosen by a hash of their rid (the same requests
+for the same run, on every machine and version; every request when the run
+holds at most ``fit_rows`` steps), and summaries are accumulated from per-chunk
+sufficient statistics (:mod:`ceiling_stats`).
+
+The predicates are SQL text with bound parameters (``$chunk_lo`` ...), to be
+applied to a rid column by the caller's query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+__all__ = ["Chunk", "plan_chunks", "sample_requests", "rid_hash", "DEFAULT_CHUNK_ROWS", "DEFAULT_FIT_ROWS"]
+
+DEFAULT_CHUNK_ROWS = 250_000
+"""Request-steps per chunk: about 0.4 GB of working memory in the estimator."""
+DEFAULT_FIT_ROWS = 200_000
+"""Request-steps the acceptance model is fitted on (about 600k verified drafts)."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Which requests a chunk holds: a predicate on a rid column and its parameters."""
+
+    where: str                     # SQL with {rid} for the column, e.g. "{rid} BETWEEN $chunk_lo AND $chunk_hi"
+    params: dict = field(default_factory=dict)
+    rows: int = 0                  # request-steps in the chunk
+    requests: int = 0
+
+    def on(self, column: str) -> str:
+        """The predicate applied to ``column`` (e.g. ``s.rid``)."""
+        return self.where.format(rid=column)
+
+
+ALL = Chunk("TRUE")
+
+
+def plan_chunks(rids: list, counts: np.ndarray, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> list[Chunk]:
+    """Group requests, in the given (sorted) order, into chunks of about ``chunk_rows`` steps.
+
+    ``rids`` are the run's distinct rids sorted as the database sorts them, with
+    ``None`` (steps without a rid) last; ``counts`` their steps.  A request larger
+    than ``chunk_rows`` is a chunk of its own; a run that fits is one chunk
+    without a predicate.
+
+    >>> [c.rows for c in plan_chunks(["a", "b", "c", None], np.array([3, 2, 4, 1]), chunk_rows=5)]
+    [5, 4, 1]
+    """
+    if chunk_rows < 1:
+        raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
+    counts = np.asarray(counts, dtype=np.int64)
+    total = int(counts.sum())
+    if total <= chunk_rows:
+        return [Chunk("TRUE", rows=total, requests=len(rids))]
+    chunks: list[Chunk] = []
+    named = [i for i, r in enumerate(rids) if r is not None]
+    start, rows = None, 0
+    for i in named:
+        if start is not None and rows + counts[i] > chunk_rows:
+            chunks.append(_range(rids, start, prev, rows))
+            start, rows = None, 0
+        if start is None:
+            start = i
+        rows += int(counts[i])
+        prev = i
+    if start is not None:
+        chunks.append(_range(rids, start, prev, rows))
+    unnamed = [i for i, r in enumerate(rids) if r is None]
+    if unnamed:
+        chunks.append(Chunk("{rid} IS NULL", rows=int(counts[unnamed].sum()), requests=1))
+    return chunks
+
+
+def _range(rids: list, first: int, last: int, rows: int) -> Chunk:
+    return Chunk("{rid} BETWEEN $chunk_lo AND $chunk_hi", {"chunk_lo": rids[first], "chunk_hi": rids[last]},
+                 rows=rows, requests=last - first + 1)
+
+
+def rid_hash(rids: list) -> np.ndarray:
+    """A stable 64-bit hash of each rid (BLAKE2b; ``None`` hashes as the empty string)."""
+    return np.array([int.from_bytes(hashlib.blake2b((r or "").encode(), digest_size=8).digest(), "little")
+                     for r in rids], dtype=np.uint64)
+
+
+def sample_requests(rids: list, counts: np.ndarray, *, max_rows: int = DEFAULT_FIT_ROWS) -> Chunk:
+    """Whole requests in increasing hash order until they hold ``max_rows`` steps.
+
+    Every request (no predicate) when the run holds at most ``max_rows`` steps;
+    steps without a rid are never sampled otherwise.
+
+    >>> sample_requests(["a", "b"], np.array([2, 3]), max_rows=10).where
+    'TRUE'
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if int(counts.sum()) <= max_rows:
+        return Chunk("TRUE", rows=int(counts.sum()), requests=len(rids))
+    named = np.array([r is not None for r in rids])
+    order = np.argsort(rid_hash(rids), kind="stable")
+    order = order[named[order]]
+    take = order[: max(1, int(np.searchsorted(np.cumsum(counts[order]), max_rows, side="right")))]
+    chosen = sorted(str(rids[i]) for i in take)
+    return Chunk("list_contains($sample_rids, {rid})", {"sample_rids": chosen},
+                 rows=int(counts[take].sum()), requests=len(chosen))
