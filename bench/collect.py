@@ -42,6 +42,8 @@ if str(ROOT) not in sys.path:
 from bench.common import run_child  # noqa: E402
 
 _W = ("arena-hard", "poetry", "gsm8k")
+FIREHOSE_MAX_RECORDS = 8  # per rank; see the module docstring
+FIREHOSE_POLL_S = 0.05
 _METRIC = re.compile(rb"^sglang:spec_verify_calls_total\{[^}]*\} ([0-9.e+]+)", re.M)
 
 
@@ -79,7 +81,8 @@ async def _loadgen(url: str, concurrency: int, duration: float) -> int:
 
 # -- the collector (its own process, via bench.child) ---------------------------------
 
-def collector(url: str, out: str, duration: float, poll_interval: float) -> dict:
+def collector(url: str, out: str, duration: float, poll_interval: float, clear_at: int = 0,
+              run_id: str = "bench-collect") -> dict:
     """Collect for ``duration`` seconds; the summary and this process's RSS every half second."""
     from collectors.sglang.session import CollectOptions, Collector
     from dspark_obs.store import Store
@@ -92,7 +95,7 @@ def collector(url: str, out: str, duration: float, poll_interval: float) -> dict
             samples.append(_rss_mb(os.getpid()))
 
     threading.Thread(target=sample, daemon=True).start()
-    opts = CollectOptions(url=url, run_id="bench-collect", poll_interval=poll_interval, clear_at=0,
+    opts = CollectOptions(url=url, run_id=run_id, poll_interval=poll_interval, clear_at=clear_at,
                           flush_interval=2.0, duration=duration)
     t0 = time.process_time()
     summary = asyncio.run(Collector(Store(out), opts).run())
@@ -101,6 +104,7 @@ def collector(url: str, out: str, duration: float, poll_interval: float) -> dict
     return {"steps": summary.steps, "step_reqs": summary.step_reqs, "gaps": summary.gaps,
             "lost_forward_cts": summary.lost_forward_cts, "dead_letters": summary.dead_letters,
             "rows_dropped": summary.rows_dropped, "polls": summary.polls, "poll_errors": summary.poll_errors,
+            "clears": summary.clears,
             "elapsed_s": summary.elapsed_s, "cpu_s": cpu, "rss_mb": samples, "end_reason": summary.end_reason}
 
 
@@ -200,6 +204,138 @@ def run(*, quick: bool, workdir: str, tiny: bool = False) -> dict:
         "collect.peak_mb": c["peak_rss_mb"],
         "collect.rss_first_half_max_mb": round(max(rss[: len(rss) // 2]), 1) if len(rss) > 1 else None,
         "collect.rss_second_half_max_mb": round(max(rss[len(rss) // 2:]), 1) if len(rss) > 1 else None,
+    })
+    return res
+
+
+# -- the firehose: the collector at a chosen record rate ------------------------------
+
+def _hose_stats(url: str) -> dict:
+    import httpx
+
+    return httpx.get(f"{url}/firehose/stats", timeout=30).json()
+
+
+def _hose_windows(url: str, n: int, seconds: float) -> list[dict]:
+    """Per window: request-steps/s, the share of time the schedule slipped, lateness, server CPU."""
+    out = []
+    a = _hose_stats(url)
+    for _ in range(n):
+        time.sleep(seconds)
+        b = _hose_stats(url)
+        dt, ticks = b["t"] - a["t"], max(b["ticks"] - a["ticks"], 1)
+        out.append({"rate": (b["request_steps"] - a["request_steps"]) / dt,
+                    "slip_share": (b["slip_s"] - a["slip_s"]) / dt,
+                    "late_share": (b["late_sum_s"] - a["late_sum_s"]) / dt,
+                    "late_mean_ms": 1000 * (b["late_sum_s"] - a["late_sum_s"]) / ticks,
+                    "late_max_ms": 1000 * b["late_max_s"],
+                    "late_over_10ms": sum(b["late_hist"][4:]) - sum(a["late_hist"][4:]),
+                    "ticks": ticks,
+                    "server_cpu_share": (b["process_cpu_s"] - a["process_cpu_s"]) / dt,
+                    "tick_cpu_share": (b["tick_cpu_s"] - a["tick_cpu_s"]) / dt})
+        a = b
+    return out
+
+
+def _stored_forward_cts(out: str, run_id: str) -> dict:
+    """Per DP rank in the store: distinct forward_cts, their range, and the rows of those steps."""
+    import pyarrow.compute as pc
+
+    from dspark_obs.store import Store
+
+    steps = Store(out).read("steps", run_id)
+    res = {}
+    for rank in pc.unique(steps.column("dp_rank")).to_pylist():
+        part = steps.filter(pc.equal(steps.column("dp_rank"), rank))
+        fcts = part.column("forward_ct")
+        res[rank] = {"distinct": len(pc.unique(fcts)), "rows": part.num_rows, "first": pc.min(fcts).as_py(),
+                     "last": pc.max(fcts).as_py(), "bs_sum": pc.sum(part.column("bs")).as_py()}
+    return res
+
+
+def run_firehose(*, quick: bool, workdir: str, tiny: bool = False, rate: float = 50_000.0, ranks: int = 4,
+                 batch: int = 256, max_records: int = FIREHOSE_MAX_RECORDS,
+                 poll_interval: float = FIREHOSE_POLL_S, clear_at: int = 0) -> dict:
+    """The collector against the firehose: alone, then collected for a sustained period, then alone."""
+    from bench.firehose import FirehoseProcess
+
+    if tiny:
+        rate, ranks, batch = 2_000.0, 2, 16
+    window_s = 1.0 if tiny else 3.0 if quick else 5.0
+    n_off = 1 if tiny else 2 if quick else 4
+    n_on = 2 if tiny else 4 if quick else 24  # sustained: 2 minutes at full settings
+    k = "collect.firehose."
+    res: dict = {k + "target_rate": rate, k + "ranks": ranks, k + "batch": batch, k + "max_records": max_records,
+                 k + "poll_interval_s": poll_interval, k + "clear_at": clear_at}
+    run_id = "bench-firehose"
+    out = tempfile.mkdtemp(prefix="bench-firehose-", dir=workdir)
+    with FirehoseProcess(rate=rate, ranks=ranks, batch=batch, max_records=max_records,
+                         pool=8 if tiny else 64) as hose:
+        time.sleep(1.0 if tiny else 2.0)
+        before = _hose_windows(hose.url, n_off, window_s)
+        holder: dict = {}
+        duration = window_s * n_on + 3.0
+        th = threading.Thread(target=lambda: holder.update(run_child(
+            "bench.collect:collector", timeout=duration + 120, url=hose.url, out=out, duration=duration,
+            poll_interval=poll_interval, clear_at=clear_at, run_id=run_id)))
+        s0 = _hose_stats(hose.url)
+        th.start()
+        time.sleep(2.0)  # the collector's start-up and first poll
+        during = _hose_windows(hose.url, n_on, window_s)
+        th.join()
+        s1 = _hose_stats(hose.url)
+        after = _hose_windows(hose.url, n_off, window_s)
+    without = before + after
+
+    def med(ws: list[dict], key: str) -> float:
+        return statistics.median(w[key] for w in ws)
+
+    res.update({
+        k + "rows_per_s": round(med(during, "rate")),
+        k + "rate_without": round(med(without, "rate")),
+        k + "rate_with_min": round(min(w["rate"] for w in during)),
+        k + "rate_without_min": round(min(w["rate"] for w in without)),
+        k + "step_loop_slowdown": round(1 - med(during, "rate") / med(without, "rate"), 4),
+        k + "slip_share_with": round(med(during, "slip_share"), 4),
+        k + "slip_share_without": round(med(without, "slip_share"), 4),
+        k + "late_share_with": round(med(during, "late_share"), 4),
+        k + "late_share_without": round(med(without, "late_share"), 4),
+        k + "late_mean_ms_with": round(med(during, "late_mean_ms"), 2),
+        k + "late_mean_ms_without": round(med(without, "late_mean_ms"), 2),
+        k + "late_max_ms_with": round(max(w["late_max_ms"] for w in during), 1),
+        k + "late_max_ms_without": round(max(w["late_max_ms"] for w in without), 1),
+        k + "late_over_10ms_share_with": round(sum(w["late_over_10ms"] for w in during)
+                                               / sum(w["ticks"] for w in during), 4),
+        k + "server_cpu_share_with": round(med(during, "server_cpu_share"), 3),
+        k + "server_cpu_share_without": round(med(without, "server_cpu_share"), 3),
+        k + "step_loop_cpu_share": round(med(without, "tick_cpu_share"), 3),
+        k + "server_clears": s1["clears"] - s0["clears"],
+    })
+    c = holder
+    if "error" in c:
+        res[k + "error"] = c["error"]
+        return res
+    rss = [x for x in c["rss_mb"] if x == x]
+    stored = _stored_forward_cts(out, run_id)
+    # Every forward_ct between the first and the last one stored, on every rank, is a full batch.
+    span = sum(r["last"] - r["first"] + 1 for r in stored.values())
+    res.update({
+        k + "gaps": c["gaps"], k + "lost_forward_cts": c["lost_forward_cts"],
+        k + "dead_letters": c["dead_letters"], k + "rows_dropped": c["rows_dropped"],
+        k + "polls": c["polls"], k + "clears": c["clears"], k + "poll_errors": c["poll_errors"],
+        k + "steps": c["steps"], k + "rows": c["step_reqs"],
+        k + "rows_produced": span * batch,
+        k + "missing_forward_cts": span - sum(r["distinct"] for r in stored.values()),
+        k + "duplicate_steps": sum(r["rows"] - r["distinct"] for r in stored.values()),
+        k + "rows_stored_match": c["step_reqs"] == span * batch == sum(r["bs_sum"] for r in stored.values()),
+        k + "produced_while_collected": s1["request_steps"] - s0["request_steps"],
+        k + "collected_s": round(c["elapsed_s"], 1),
+        k + "collector_rows_per_s_wall": round(c["step_reqs"] / c["elapsed_s"]) if c["elapsed_s"] else None,
+        k + "collector_rows_per_cpu_s": round(c["step_reqs"] / c["cpu_s"]) if c["cpu_s"] else None,
+        k + "collector_cpu_share": round(c["cpu_s"] / c["elapsed_s"], 3) if c["elapsed_s"] else None,
+        k + "collector_peak_mb": c["peak_rss_mb"],
+        k + "rss_first_half_max_mb": round(max(rss[: len(rss) // 2]), 1) if len(rss) > 1 else None,
+        k + "rss_second_half_max_mb": round(max(rss[len(rss) // 2:]), 1) if len(rss) > 1 else None,
     })
     return res
 
