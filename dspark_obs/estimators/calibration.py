@@ -40,6 +40,7 @@ positional, options keyword-only; ``y_true`` may hold soft labels in [0, 1]).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from dataclasses import dataclass, field
@@ -506,7 +507,7 @@ SELECT s.rid, coalesce(s.rid, 'pool-' || s.req_pool_index) AS unit,
        coalesce(s.workload, 'unknown') AS workload, s.dp_rank, s.forward_ct, s.prefix_len,
        s."window", s.correct_drafts, s.cap_trim, s.confidence, s.survival{extra}
 FROM step_reqs_w s {join}
-WHERE s.run_id = $run AND (s.confidence IS NOT NULL OR s.survival IS NOT NULL)
+WHERE s.run_id = $run AND (s.confidence IS NOT NULL OR s.survival IS NOT NULL) AND {chunk}
 ORDER BY s.dp_rank, s.forward_ct, s.rid
 """
 
@@ -539,13 +540,48 @@ def _list_matrix(column: pa.ChunkedArray, gamma: int, name: str) -> np.ndarray:
     return out
 
 
-def load_events(con, run_id: str, *, labels: str = "observed", companion: str | None = None) -> RunEvents:
+def load_events(con, run_id: str, *, labels: str = "observed", companion: str | None = None,
+                chunk=None) -> RunEvents:
     """Read one run's predictions and the labels of kind ``labels`` from the views.
 
     ``companion`` names the cap-accept companion (default: the run recorded with
     ``companion_of = run_id``).  Raises :class:`CalibrationDataError` with the fix
     when the run, its confidences, its companion or its ceiling estimates are missing.
+    ``chunk`` (a :class:`~dspark_obs.estimators.ceiling_chunks.Chunk`) reads only
+    some requests; a chunk without labelled steps gives empty events.
     """
+    query, params, mode, gamma, source = events_query(con, run_id, labels=labels, companion=companion)
+    pred = "TRUE" if chunk is None else chunk.on("s.rid")
+    table = _fetch(con, query.format(chunk=pred), {**params, **({} if chunk is None else chunk.params)})
+    ev, counts = _events(table, run_id, labels, mode, gamma, source)
+    if chunk is None:
+        counts["total"] = _check_labelled(con, run_id, labels, mode, source, table.num_rows)
+        ev = dataclasses.replace(ev, notes=_notes(labels, mode, params.get("method"), counts))
+    return ev
+
+
+def _notes(labels: str, mode: str, method: str | None, counts: dict) -> tuple[str, ...]:
+    """What the labels left out, from the counts of :func:`_events` summed over the run."""
+    total, rows = counts["total"], counts["rows"]
+    notes = []
+    if labels == "companion":
+        notes.append(f"{total - rows} of {total} steps have no companion step with the same "
+                     f"drafts at the same anchor and are left out")
+    elif labels == "reconstructed" and rows < total:
+        notes.append(f"{total - rows} of {total} steps have no ceiling estimate and are left out")
+    if labels == "reconstructed":
+        notes.append(f"ceiling method {method or 'unnamed'}: {counts['fractional']} of "
+                     f"{rows} steps have a fractional estimate (soft labels)")
+    elif labels == "observed" and mode not in ("cap-accept", "static"):
+        notes.append(f"{counts['censored']} of {rows} steps are censored (whole window accepted): "
+                     "their positions beyond the window are unlabelled")
+    return tuple(notes)
+
+
+def events_query(con, run_id: str, *, labels: str = "observed",
+                 companion: str | None = None) -> tuple[str, dict, str, int | None, str]:
+    """``(sql, params, mode, gamma, label source)`` of a run's events; ``{chunk}`` in the SQL
+    takes a predicate on ``s.rid``.  Raises :class:`CalibrationDataError` as :func:`load_events`."""
     from dspark_obs.estimators import pairing
 
     if labels not in LABEL_KINDS:
@@ -581,7 +617,11 @@ def load_events(con, run_id: str, *, labels: str = "observed", companion: str | 
         extra, source = ", e.mid", "ceiling"
         join = ("JOIN ceiling e ON e.run_id = s.run_id AND e.rid = s.rid AND e.forward_ct = s.forward_ct "
                 "AND e.prefix_len = s.prefix_len AND coalesce(e.method, '') = $method")
-    table = _fetch(con, _STEPS_SQL.format(extra=extra, join=join), params)
+    return _STEPS_SQL.format(extra=extra, join=join, chunk="{chunk}"), params, mode, gamma, source
+
+
+def _check_labelled(con, run_id: str, labels: str, mode: str, source: str, labelled: int) -> int:
+    """The run has steps, confidences, and labelled steps (else the fix); its steps."""
     total = con.sql("SELECT count(*), count(confidence) + count(survival) FROM step_reqs WHERE run_id = $run",
                     params={"run": run_id}).fetchall()[0]
     if total[0] == 0:
@@ -592,14 +632,16 @@ def load_events(con, run_id: str, *, labels: str = "observed", companion: str | 
         raise CalibrationDataError(
             f"run {run_id!r} recorded no confidence or survival ({mode or 'unknown'} mode): static mode builds "
             "no confidence head; calibrate a compact or cap-accept run")
-    if table.num_rows == 0:
+    if labelled == 0:
         raise CalibrationDataError(f"no request-steps of run {run_id!r} have {labels} labels "
                                    f"(source {source!r}); check that the runs pair up (same prompts and seeds)")
-    if labels == "companion":
-        notes.append(f"{total[0] - table.num_rows} of {total[0]} steps have no companion step with the same "
-                     f"drafts at the same anchor and are left out")
-    elif labels == "reconstructed" and table.num_rows < total[0]:
-        notes.append(f"{total[0] - table.num_rows} of {total[0]} steps have no ceiling estimate and are left out")
+    return int(total[0])
+
+
+def _events(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int | None,
+            source: str) -> tuple[RunEvents, dict]:
+    """Arrays and labels of the fetched steps, and the counts behind the notes."""
+    counts = {"rows": table.num_rows, "censored": 0, "fractional": 0}
     if not gamma:
         import pyarrow.compute as pc
 
@@ -617,18 +659,16 @@ def load_events(con, run_id: str, *, labels: str = "observed", companion: str | 
     elif labels == "reconstructed":
         mid = _ceiling_accept(table, col["correct_drafts"], col["window"], gamma)
         y = block_events(mid, gamma=gamma)
-        notes.append(f"ceiling method {params['method'] or 'unnamed'}: {int(np.sum(mid != np.round(mid)))} of "
-                     f"{table.num_rows} steps have a fractional estimate (soft labels)")
+        counts["fractional"] = int(np.sum(mid != np.round(mid)))
     elif mode in ("cap-accept", "static"):
         y = block_events(col["correct_drafts"] + col["cap_trim"], gamma=gamma)
     else:
         y = observed_events(col["correct_drafts"], col["window"], gamma=gamma)
-        censored = (col["correct_drafts"] == col["window"]) & (col["window"] < gamma)
-        notes.append(f"{int(censored.sum())} of {table.num_rows} steps are censored (whole window accepted): "
-                     "their positions beyond the window are unlabelled")
-    return RunEvents(run_id, labels, mode, gamma, source, table.column("unit").to_numpy(zero_copy_only=False),
-                     table.column("workload").to_numpy(zero_copy_only=False), table.column("dp_rank").to_numpy(),
-                     table.column("forward_ct").to_numpy(), surv, conf, y, tuple(notes))
+        counts["censored"] = int(((col["correct_drafts"] == col["window"]) & (col["window"] < gamma)).sum())
+    ev = RunEvents(run_id, labels, mode, gamma, source, table.column("unit").to_numpy(zero_copy_only=False),
+                   table.column("workload").to_numpy(zero_copy_only=False), table.column("dp_rank").to_numpy(),
+                   table.column("forward_ct").to_numpy(), surv, conf, y)
+    return ev, counts
 
 
 def _ceiling_accept(table: pa.Table, correct: np.ndarray, window: np.ndarray, gamma: int) -> np.ndarray:
@@ -761,7 +801,8 @@ def _dense(codes: np.ndarray) -> np.ndarray:
 
 def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", companion: str | None = None,
                   binnings=BINNINGS, n_bootstrap: int = 1000, confidence_level: float = 0.95, seed: int = 0,
-                  write: bool = True) -> RunCalibration:
+                  write: bool = True, chunk_rows: int | None = None, sample_rows: int | None = None,
+                  progress=None) -> RunCalibration:
     """Score a run's survival predictions per workload x position x binning and store the result.
 
     ``con_or_store``: a :class:`~dspark_obs.store.Store`, a data root, or a
@@ -769,18 +810,40 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     :data:`LABEL_KINDS` (see the module docstring).  ``n_bootstrap`` request-level
     resamples give ``ece_ci_lo/hi`` (0 = none; ``seed`` makes them reproducible).
 
+    A run of more than ``chunk_rows`` labelled steps (default 250k) is read a
+    chunk of whole requests at a time, so memory does not grow with the run
+    (:mod:`~dspark_obs.estimators.calibration_chunks`): every figure is then the
+    one-pass value up to the order of float additions, except AUROC and the
+    edges of equal-mass bins, which come from a sample of whole requests chosen
+    by rid hash (``sample_rows`` steps, default 500k) when the run holds more.
+    ``progress(done_steps, total_steps)`` is called after each chunk.
+
     The rows of (``run_id``, ``labels``) in ``calibration`` and
     ``calibration_bins`` replace older ones; other label kinds are kept.
     """
+    from dspark_obs.estimators import calibration_chunks as chunks
+    from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS
+
     _check_options(binnings, n_bootstrap, confidence_level)
+    chunk_rows = chunk_rows or DEFAULT_CHUNK_ROWS
     con, store = _connect(con_or_store)
-    ev = load_events(con, run_id, labels=labels, companion=companion)
-    summary, bins = summarise_events(ev, binnings=binnings, n_bootstrap=n_bootstrap,
-                                     confidence_level=confidence_level, seed=seed)
+    plan = chunks.plan_run(con, run_id, labels=labels, companion=companion)
+    if plan.labelled <= chunk_rows:  # one pass
+        ev = load_events(con, run_id, labels=labels, companion=companion)
+        summary, bins = summarise_events(ev, binnings=binnings, n_bootstrap=n_bootstrap,
+                                         confidence_level=confidence_level, seed=seed)
+        notes = ev.notes
+        if progress is not None:
+            progress(plan.labelled, plan.labelled)
+    else:
+        summary, bins, notes = chunks.summarise_in_chunks(
+            con, run_id, plan, labels=labels, binnings=binnings, n_bootstrap=n_bootstrap,
+            confidence_level=confidence_level, seed=seed, chunk_rows=chunk_rows,
+            sample_rows=sample_rows or chunks.DEFAULT_SAMPLE_ROWS, progress=progress)
     if write:
         for table, rows in (("calibration", summary), ("calibration_bins", bins)):
             _replace_labels(store, table, run_id, labels, rows)
-    return RunCalibration(run_id, labels, summary, bins, ev.notes)
+    return RunCalibration(run_id, labels, summary, bins, notes)
 
 
 def _replace_labels(store, table: str, run_id: str, labels: str, rows: pa.Table) -> None:

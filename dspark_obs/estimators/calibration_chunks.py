@@ -1,0 +1,239 @@
+"""Calibration of a run larger than a chunk: whole requests at a time, sufficient statistics.
+
+Every figure of :func:`~dspark_obs.estimators.calibration.summarise_events` but
+two is a sum over steps, so chunks of whole requests (rid ranges, as the ceiling
+estimator reads them: :mod:`ceiling_chunks`) add up to the run's value:
+
+* counts, mean prediction and label, Brier score, log loss, and per bin the
+  count and the sums of predictions and labels (hence ECE, MCE, debiased ECE and
+  the reliability bins) — equal to one pass up to the order of float additions;
+* the request-level bootstrap of the ECE — each resample's per-bin sums are
+  ``weights @ per-request sums``, accumulated chunk by chunk with the very
+  multinomial weights one pass draws (kept as uint8: a request is drawn at most
+  a few times per resample).
+
+Two need every step at once: **AUROC** (a ranking) and the **edges of
+equal-mass bins** (quantiles).  They come from a bounded sample of whole
+requests chosen by a hash of their rid (``sample_rows`` steps; the whole run
+when it fits, and then they are exact).  The bins' counts and sums still cover
+every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators.ceiling_chunks import Chunk, plan_chunks, sample_requests
+
+__all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "DEFAULT_SAMPLE_ROWS"]
+
+DEFAULT_SAMPLE_ROWS = 500_000
+"""Steps behind AUROC and equal-mass bin edges when a run holds more."""
+_WEIGHT_BLOCK = 64  # resamples drawn at a time (same stream as drawing them all at once)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run's labelled steps per request: what the chunks and the bootstrap need up front."""
+
+    query: str
+    params: dict
+    mode: str
+    gamma: int | None
+    source: str
+    total: int                 # the run's steps (labelled or not)
+    rids: list                 # distinct rids in the database's order, None last
+    rid_rows: np.ndarray       # labelled steps per rid
+    units: np.ndarray          # [u] object: bootstrap units (rid, or 'pool-N' without one), sorted
+    unit_workload: np.ndarray  # [u] object
+    labelled: int = field(default=0)
+
+
+def plan_run(con, run_id: str, *, labels: str, companion: str | None) -> RunPlan:
+    """Count the run's labelled steps per rid and unit (raises as ``load_events``)."""
+    query, params, mode, gamma, source = cal.events_query(con, run_id, labels=labels, companion=companion)
+    counts = cal._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM ({query.format(chunk='TRUE')}) "
+                             "GROUP BY ALL ORDER BY rid NULLS LAST, unit", params)
+    labelled = int(np.sum(counts.column("n").to_numpy())) if counts.num_rows else 0
+    total = cal._check_labelled(con, run_id, labels, mode, source, labelled)
+    rid = counts.column("rid").to_pylist()
+    n = counts.column("n").to_numpy().astype(np.int64)
+    starts = [i for i in range(len(rid)) if i == 0 or rid[i] != rid[i - 1]]
+    rid_rows = np.add.reduceat(n, starts) if starts else np.zeros(0, np.int64)
+    units = np.asarray(counts.column("unit").to_pylist(), dtype=object)
+    order = np.argsort(units, kind="stable")
+    return RunPlan(query, params, mode, gamma, source, total, [rid[i] for i in starts], rid_rows, units[order],
+                   np.asarray(counts.column("workload").to_pylist(), dtype=object)[order], labelled)
+
+
+def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk):
+    table = cal._fetch(con, plan.query.format(chunk=chunk.on("s.rid")), {**plan.params, **chunk.params})
+    return cal._events(table, run_id, labels, plan.mode, plan.gamma, plan.source)
+
+
+def _weights(n_groups: int, n_resamples: int, seed: int) -> np.ndarray:
+    """``calibration._multinomial_weights`` as uint8, drawn in blocks (the same numbers)."""
+    rng = np.random.default_rng(seed)
+    out = np.empty((n_resamples, n_groups), dtype=np.uint8)
+    p = np.full(n_groups, 1.0 / n_groups)
+    for start in range(0, n_resamples, _WEIGHT_BLOCK):
+        block = rng.multinomial(n_groups, p, size=min(_WEIGHT_BLOCK, n_resamples - start))
+        if block.max(initial=0) > 255:
+            raise OverflowError("a bootstrap weight exceeds 255")  # impossible in practice: ~Poisson(1)
+        out[start:start + block.shape[0]] = block
+    return out
+
+
+@dataclass
+class _Cell:
+    """Sums of one workload x position (and its binnings) over the chunks so far."""
+
+    n: int = 0
+    n_requests: int = 0
+    p_sum: float = 0.0
+    y_sum: float = 0.0
+    sq_sum: float = 0.0
+    log_sum: float = 0.0
+    bins: dict = field(default_factory=dict)   # binning -> [count, pred_sum, true_sum]
+    boot: dict = field(default_factory=dict)   # binning -> [W@psum, W@ysum, W@count]
+
+
+def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binnings, n_bootstrap: int,
+                        confidence_level: float, seed: int, chunk_rows: int, sample_rows: int = DEFAULT_SAMPLE_ROWS,
+                        progress: Callable[[int, int], None] | None = None) -> tuple[pa.Table, pa.Table, tuple]:
+    """The ``calibration`` and ``calibration_bins`` rows and the notes, a chunk of requests at a time."""
+    workloads = ["*", *sorted(set(plan.unit_workload.tolist()))]
+    in_group = [np.ones(plan.units.size, bool)] + [plan.unit_workload == w for w in workloads[1:]]
+    rank = [np.cumsum(m) - 1 for m in in_group]           # unit -> column among its group's units
+    weights = [_weights(int(m.sum()), n_bootstrap, seed + i) if n_bootstrap and m.any() else None
+               for i, m in enumerate(in_group)]
+    specs = {name: cal.parse_binning(name) for name in binnings}
+
+    sample, _ = _load(con, plan, run_id, labels, sample_requests(plan.rids, plan.rid_rows, max_rows=sample_rows))
+    gamma = sample.gamma
+    auroc, edges = {}, {}
+    s_wl = np.asarray(sample.workload, dtype=object)
+    for i, w in enumerate(workloads):
+        mask = np.ones(s_wl.size, bool) if w == "*" else s_wl == w
+        for k in range(gamma):
+            y, p = sample.y[mask, k], sample.survival[mask, k]
+            ok = ~np.isnan(y) & ~np.isnan(p)
+            y, p = y[ok], np.clip(p[ok], 0.0, 1.0)
+            auroc[i, k] = cal._none_if_nan(cal.auroc_score(y, p)) if y.size else None
+            for name, (n_bins, strategy) in specs.items():
+                edges[i, k, name] = cal._edges(np.clip(p, cal.EPS_PROB, 1.0 - cal.EPS_PROB), n_bins, strategy)
+    del sample, s_wl
+
+    cells = {(i, k): _Cell() for i in range(len(workloads)) for k in range(gamma)}
+    counts = {"rows": 0, "censored": 0, "fractional": 0}
+    done = 0
+    unit_index = _Index(plan.units)
+    for chunk in plan_chunks(plan.rids, plan.rid_rows, chunk_rows=chunk_rows):
+        ev, c = _load(con, plan, run_id, labels, chunk)
+        for key in counts:
+            counts[key] += c[key]
+        unit = unit_index(ev.rid)
+        for i in range(len(workloads)):
+            rows = np.flatnonzero(in_group[i][unit])
+            for k in range(gamma):
+                _add(cells[i, k], ev.y[rows, k], ev.survival[rows, k], rank[i][unit[rows]], weights[i],
+                     {name: (*specs[name], edges[i, k, name]) for name in binnings})
+        done += len(ev.rid)
+        del ev
+        if progress is not None:
+            progress(done, plan.labelled)
+    counts["total"] = plan.total
+    rows, bin_rows = [], []
+    for i, w in enumerate(workloads):
+        for k in range(gamma):
+            r, b = _rows(cells[i, k], auroc[i, k], w, k, labels, plan, binnings, specs, edges, i,
+                         confidence_level, n_bootstrap if weights[i] is not None else 0)
+            rows += r
+            bin_rows += b
+    notes = cal._notes(labels, plan.mode, plan.params.get("method"), counts)
+    return (pa.Table.from_pylist(rows, schema=cal.CALIBRATION.remove_metadata()),
+            pa.Table.from_pylist(bin_rows, schema=cal.CALIBRATION_BINS.remove_metadata()), notes)
+
+
+class _Index:
+    """Position of each unit string among the plan's sorted units."""
+
+    def __init__(self, units: np.ndarray) -> None:
+        import pandas as pd
+
+        self._index = pd.Index(units)
+
+    def __call__(self, values: np.ndarray) -> np.ndarray:
+        found = self._index.get_indexer(np.asarray(values, dtype=object))
+        if (found < 0).any():
+            raise RuntimeError("a request appeared after the run was planned; re-run calibrate")
+        return found
+
+
+def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, col: np.ndarray, weights: np.ndarray | None,
+         binnings: dict) -> None:
+    ok = ~np.isnan(y) & ~np.isnan(p)
+    y, p, col = y[ok], np.clip(p[ok], 0.0, 1.0), col[ok]
+    if not y.size:
+        return
+    cols, g = np.unique(col, return_inverse=True)
+    g = g.reshape(-1)
+    cell.n += int(y.size)
+    cell.n_requests += int(cols.size)
+    cell.p_sum += float(p.sum())
+    cell.y_sum += float(y.sum())
+    cell.sq_sum += float(np.sum((p - y) ** 2))
+    pc = np.clip(p, cal.EPS_PROB, 1.0 - cal.EPS_PROB)
+    cell.log_sum += float(np.sum(y * np.log(pc) + (1.0 - y) * np.log1p(-pc)))
+    for name, (n_bins, strategy, edges) in binnings.items():
+        ids = cal._bin_ids(pc, edges, strategy)
+        sums = [np.bincount(ids, minlength=n_bins).astype(np.float64), np.bincount(ids, weights=pc, minlength=n_bins),
+                np.bincount(ids, weights=y, minlength=n_bins)]
+        acc = cell.bins.setdefault(name, [np.zeros(n_bins) for _ in range(3)])
+        for a, s in zip(acc, sums):
+            a += s
+        if weights is not None:
+            cell_ids = g * n_bins + ids
+            size = cols.size * n_bins
+            per = [np.bincount(cell_ids, weights=pc, minlength=size).reshape(cols.size, n_bins),
+                   np.bincount(cell_ids, weights=y, minlength=size).reshape(cols.size, n_bins),
+                   np.bincount(g, minlength=cols.size).astype(np.float64)]
+            w = weights[:, cols].astype(np.float64)
+            boot = cell.boot.setdefault(name, [0.0, 0.0, 0.0])
+            for j, part in enumerate(per):
+                boot[j] = boot[j] + w @ part
+
+
+def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan, binnings, specs, edges, i: int,
+          level: float, n_boot: int) -> tuple[list[dict], list[dict]]:
+    base = {"workload": workload, "position": k + 1, "labels": labels}
+    common = {"mode": plan.mode or None, "label_source": plan.source, "n": cell.n, "n_requests": cell.n_requests,
+              "bootstrap": n_boot if cell.n and n_boot else 0}
+    if cell.n:
+        common.update(mean_predicted=cell.p_sum / cell.n, observed_rate=cell.y_sum / cell.n,
+                      brier=cell.sq_sum / cell.n, log_loss=-cell.log_sum / cell.n, auroc=auroc)
+    rows, bin_rows = [], []
+    for name in binnings:
+        row = {**base, "binning": name, **common}
+        if cell.n:
+            count, pred_sum, true_sum = cell.bins[name]
+            b = cal._Bins(edges[i, k, name], np.zeros(0, np.int64), count, pred_sum, true_sum)
+            row.update(ece=cal._ece(b), mce=cal._mce(b), debiased_ece=cal._debiased_ece(b))
+            if n_boot:
+                wp, wy, wn = cell.boot[name]
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    samples = np.abs(wp - wy).sum(axis=1) / wn
+                lo, hi = cal._interval(samples, level)
+                row.update(ece_ci_lo=cal._none_if_nan(lo), ece_ci_hi=cal._none_if_nan(hi))
+            c = cal._curve(b)
+            bin_rows += [{**base, "binning": name, "bin": int(j), "bin_lo": float(lo_), "bin_hi": float(hi_),
+                          "mean_predicted": float(mp), "observed_rate": float(r), "count": int(n)}
+                         for j, lo_, hi_, mp, r, n in zip(c.bin, c.bin_lo, c.bin_hi, c.mean_predicted,
+                                                          c.observed_rate, c.count)]
+        rows.append(row)
+    return rows, bin_rows
