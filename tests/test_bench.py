@@ -137,4 +137,29 @@ def test_run_all_writes_its_figures(tmp_path):
                 "estimate.peak_mb", "estimate.scaling_exponent"):
         assert key in res, (key, {k: v for k, v in res.items() if "error" in k})
     assert res["collect.dead_letters"] == 0
+    # the firehose: the collector stored every forward_ct it covered, each a full batch
+    assert res["collect.firehose.gaps"] == 0 and res["collect.firehose.dead_letters"] == 0, res
+    assert res["collect.firehose.missing_forward_cts"] == 0 and res["collect.firehose.duplicate_steps"] == 0
+    assert res["collect.firehose.rows_stored_match"] and res["collect.firehose.rows"] > 0
     assert "ingest rows/s" in proc.stdout and "baseline" in proc.stdout and "ratio" in proc.stdout
+
+
+def test_the_firehose_stamps_every_step_and_its_dumper_encodes_like_the_emulator():
+    from bench import firehose
+
+    pool = firehose.build_pool(records=3, batch=4)
+    hose = firehose.Firehose(pool, ranks=2, rate=1000.0, max_records=5)
+    for _ in range(7):
+        hose.tick()
+    payloads = hose.dump()  # drains the pending step: all 7 produced, the deque keeps the last 5
+    assert [d.records_produced for d in hose.dumpers] == [7, 7]
+    for payload in payloads:
+        recs = payload["records"]
+        assert [r["forward_ct"] for r in recs] == [3, 4, 5, 6, 7]
+        assert all(r["bs"] == 4 and len(r["reqs"]) == 4 and len(r["reqs"][0]["confidence"]) == 6 for r in recs)
+        assert len({q["rid"] for q in recs[0]["reqs"]}) == 4
+    info = decode.decode_server_info(msgspec.json.encode({"internal_states": [
+        {"dspark_info_record": p} for p in payloads]}))
+    assert [len(r.records) for r in info.ranks] == [5, 5] and not any(r.dead for r in info.ranks)
+    hose.clear()
+    assert [len(p["records"]) for p in hose.dump()] == [0, 0]
