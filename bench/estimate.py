@@ -5,10 +5,12 @@ Per store size (``bench.gen_store``), in a fresh process each:
 * **end to end** — ``ceiling.estimate_run`` (DuckDB read, evidence, walk, the
   acceptance model, summaries, validation, Parquet write) then
   ``calibration.calibrate_run`` for ``observed`` and ``reconstructed`` labels;
-  rows/s per CPU second and the process's peak RSS.  No bootstrap (``0``): the
+  rows/s per CPU second and the process's peak RSS (both read the run in chunks of
+  whole requests: memory follows the chunk, not the store).  No bootstrap (``0``): the
   resampling cost is a separate, per-request figure.
 * **core** — SGLang's interval rule, vectorised (``walk_blocks`` +
-  ``sglang_interval``) on the store's own arrays, against the **baseline**: the
+  ``sglang_interval``) on the store's own arrays (its first 1M request-steps,
+  whole requests), against the **baseline**: the
   same rule as a per-row Python loop (what ``dspark_block_accept_estimator`` does
   online), checked to give the same ``lo``/``hi``.
 
@@ -26,20 +28,23 @@ import numpy as np
 from bench.common import run_child
 
 
-def _arrays(root: str):
-    """The inputs of the walk, as ``estimate_run`` builds them."""
+def _arrays(root: str, max_rows: int):
+    """The inputs of the walk, as ``estimate_run`` builds them, for the first ``max_rows``
+    request-steps (whole requests; the rule's cost per row does not depend on the store's size)."""
     from dspark_obs import sql
     from dspark_obs.estimators import ceiling_io
+    from dspark_obs.estimators.ceiling_chunks import plan_chunks
     from dspark_obs.estimators.ceiling_evidence import padded_lists
 
     con = sql.connect(root)
-    steps, _, gamma = ceiling_io._load_steps(con, "bench", root)
+    chunk = plan_chunks(*ceiling_io._plan(con, "bench", root), chunk_rows=max_rows)[0]
+    steps, _, gamma = ceiling_io._load_steps(con, "bench", root, chunk)
     drafts = padded_lists(steps.column("draft_tokens"), fill=-1, dtype=np.int64)
     conf = padded_lists(steps.column("confidence"), fill=np.nan, dtype=np.float64)
     window = ceiling_io._np(steps, "verify_len", np.int64, 1) - 1
     correct = ceiling_io._np(steps, "correct_drafts", np.int64, 0)
     greedy = ceiling_io._np(steps, "temperature", np.float64, np.nan) == 0.0
-    aligned = ceiling_io._aligned_evidence(con, "bench", steps, drafts, correct)
+    aligned = ceiling_io._aligned_evidence(con, "bench", steps, drafts, correct, chunk)
     return drafts, window, correct, aligned.evidence.realised, aligned.natural_end, greedy, conf
 
 
@@ -70,10 +75,10 @@ def sglang_rule_loop(drafts, window, correct, realised, natural_end, a):
     return np.asarray(lo), np.asarray(hi)
 
 
-def core(root: str, loop_rows: int) -> dict:
+def core(root: str, loop_rows: int, max_rows: int = 1_000_000) -> dict:
     from dspark_obs.estimators.ceiling_walk import sglang_interval, walk_blocks
 
-    drafts, window, correct, realised, natural_end, greedy, conf = _arrays(root)
+    drafts, window, correct, realised, natural_end, greedy, conf = _arrays(root, max_rows)
     n = len(window)
     eq = (drafts == realised).astype(np.float64)
     a = np.where(greedy[:, None], eq, np.nan_to_num(conf, nan=0.5))
@@ -116,7 +121,11 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
     from bench.gen_store import generate
 
     sizes = sizes or ([100_000, 300_000, 1_000_000] if quick else [1_000_000, 3_000_000, 10_000_000])
-    res: dict = {"estimate.sizes": ",".join(str(s) for s in sizes)}
+    from dspark_obs.estimators.calibration_chunks import DEFAULT_SAMPLE_ROWS
+    from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
+
+    res: dict = {"estimate.sizes": ",".join(str(s) for s in sizes), "estimate.chunk_rows": DEFAULT_CHUNK_ROWS,
+                 "estimate.fit_rows": DEFAULT_FIT_ROWS, "estimate.calibration_sample_rows": DEFAULT_SAMPLE_ROWS}
     done_rows, done_cpu, done_peak = [], [], []
     last_ok = None
     for size in sizes:
@@ -161,7 +170,8 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
     if last_ok is not None:
         largest = [s for s in sizes if f"estimate.peak_mb.{s}" in res][-1]
         root = os.path.join(workdir, f"store-{largest}")
-        c = run_child("bench.estimate:core", timeout=3600, root=root, loop_rows=50_000 if quick else 300_000)
+        c = run_child("bench.estimate:core", timeout=3600, root=root, loop_rows=50_000 if quick else 300_000,
+                      max_rows=200_000 if quick else 1_000_000)
         if "error" in c:
             res["estimate.core_error"] = c["error"]
         else:

@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from dspark_obs.commands.estimate import step_progress
 from dspark_obs.console import fail
 from rich.console import Console
 from rich.table import Table
@@ -87,7 +88,9 @@ def calibrate(
     results = {}
     for kind in kinds:
         try:
-            result = cal.calibrate_run(con, run, labels=kind, companion=companion, n_bootstrap=bootstrap, seed=seed)
+            with step_progress(f"calibrating {run} ({kind} labels)") as progress:
+                result = cal.calibrate_run(con, run, labels=kind, companion=companion, n_bootstrap=bootstrap,
+                                           seed=seed, progress=progress)
         except cal.CalibrationDataError as exc:
             if labels == "all" and kind != "observed":
                 err.print(f"[yellow]skipped {kind} labels:[/yellow] {exc}")

@@ -9,6 +9,7 @@ Estimates, per request-step, what a full-block verify would have accepted
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -89,8 +90,9 @@ def estimate(
         logprobs = logprobs_from_sglang_jsonl(_read_jsonl(sglang_jsonl), gamma=_gamma(con, run))
         err.print(f"{sglang_jsonl}: draft logprobs for {logprobs.num_rows} censored steps")
     try:
-        result = ceil.estimate_run(con, run, companion=companion, method=method, sglang_logprobs=logprobs,
-                                   n_bootstrap=bootstrap, seed=seed)
+        with step_progress(f"estimating {run}") as progress:
+            result = ceil.estimate_run(con, run, companion=companion, method=method, sglang_logprobs=logprobs,
+                                       n_bootstrap=bootstrap, seed=seed, progress=progress)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     if result.misaligned_requests:
@@ -107,6 +109,17 @@ def estimate(
               f"{'' if result.validation is None else f', {result.validation.num_rows} to ceiling_validation'}"
               f" (run {run}, method {method}). Next: dspark-obs sql --data {data} "
               "\"select * from ceiling_validation where group_kind = 'bin'\"")
+
+
+@contextmanager
+def step_progress(description: str):
+    """A transient bar on stderr, advanced by ``progress(done_steps, total_steps)`` after each chunk."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} "
+                  "request-steps"), TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task(description, total=0)
+        yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
 def _only_compact_run(con) -> str:

@@ -508,8 +508,15 @@ SELECT s.rid, coalesce(s.rid, 'pool-' || s.req_pool_index) AS unit,
        s."window", s.correct_drafts, s.cap_trim, s.confidence, s.survival{extra}
 FROM step_reqs_w s {join}
 WHERE s.run_id = $run AND (s.confidence IS NOT NULL OR s.survival IS NOT NULL) AND {chunk}
-ORDER BY s.dp_rank, s.forward_ct, s.rid
 """
+_ORDER_SQL = "ORDER BY s.dp_rank, s.forward_ct, s.rid"
+
+
+def events_sql(query: str, chunk=None, *, ordered: bool = True) -> str:
+    """:func:`events_query`'s SQL for the requests of ``chunk`` (all when None), in step order."""
+    on = (lambda col: "TRUE") if chunk is None else chunk.on
+    text = query.format(chunk=on("s.rid"), chunk_p=on("p.rid"), chunk_e=on("e.rid"))
+    return text + _ORDER_SQL if ordered else text
 
 
 def _fetch(con, sql_text: str, params: dict) -> pa.Table:
@@ -551,8 +558,7 @@ def load_events(con, run_id: str, *, labels: str = "observed", companion: str | 
     some requests; a chunk without labelled steps gives empty events.
     """
     query, params, mode, gamma, source = events_query(con, run_id, labels=labels, companion=companion)
-    pred = "TRUE" if chunk is None else chunk.on("s.rid")
-    table = _fetch(con, query.format(chunk=pred), {**params, **({} if chunk is None else chunk.params)})
+    table = _fetch(con, events_sql(query, chunk), {**params, **({} if chunk is None else chunk.params)})
     ev, counts = _events(table, run_id, labels, mode, gamma, source)
     if chunk is None:
         counts["total"] = _check_labelled(con, run_id, labels, mode, source, table.num_rows)
@@ -580,8 +586,8 @@ def _notes(labels: str, mode: str, method: str | None, counts: dict) -> tuple[st
 
 def events_query(con, run_id: str, *, labels: str = "observed",
                  companion: str | None = None) -> tuple[str, dict, str, int | None, str]:
-    """``(sql, params, mode, gamma, label source)`` of a run's events; ``{chunk}`` in the SQL
-    takes a predicate on ``s.rid``.  Raises :class:`CalibrationDataError` as :func:`load_events`."""
+    """``(sql, params, mode, gamma, label source)`` of a run's events, the SQL to be completed by
+    :func:`events_sql`.  Raises :class:`CalibrationDataError` as :func:`load_events`."""
     from dspark_obs.estimators import pairing
 
     if labels not in LABEL_KINDS:
@@ -601,7 +607,7 @@ def events_query(con, run_id: str, *, labels: str = "observed",
                 "requests on a cap-accept server (dspark-obs demo does this) or name one with --companion RUN")
         params["companion"], source = companion, companion
         join = (f"JOIN ({pairing.PAIRED_STEPS_SQL}) p ON p.rid = s.rid AND p.forward_ct = s.forward_ct "
-                "AND p.dp_rank = s.dp_rank AND p.same_drafts")
+                "AND p.dp_rank = s.dp_rank AND p.same_drafts AND {chunk_p}")
         extra = ", p.true_block_accept"
     elif labels == "reconstructed":
         try:  # the estimator writes one method per run; prefer 'default' if several are there
@@ -616,8 +622,9 @@ def events_query(con, run_id: str, *, labels: str = "observed",
         params["method"] = "default" if "default" in methods else methods[0]
         extra, source = ", e.mid", "ceiling"
         join = ("JOIN ceiling e ON e.run_id = s.run_id AND e.rid = s.rid AND e.forward_ct = s.forward_ct "
-                "AND e.prefix_len = s.prefix_len AND coalesce(e.method, '') = $method")
-    return _STEPS_SQL.format(extra=extra, join=join, chunk="{chunk}"), params, mode, gamma, source
+                "AND e.prefix_len = s.prefix_len AND coalesce(e.method, '') = $method AND {chunk_e}")
+    return (_STEPS_SQL.format(extra=extra, join=join, chunk="{chunk}", chunk_p="{chunk_p}", chunk_e="{chunk_e}"),
+            params, mode, gamma, source)
 
 
 def _check_labelled(con, run_id: str, labels: str, mode: str, source: str, labelled: int) -> int:
@@ -810,7 +817,7 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     :data:`LABEL_KINDS` (see the module docstring).  ``n_bootstrap`` request-level
     resamples give ``ece_ci_lo/hi`` (0 = none; ``seed`` makes them reproducible).
 
-    A run of more than ``chunk_rows`` labelled steps (default 250k) is read a
+    A run of more than ``chunk_rows`` labelled steps (default 150k) is read a
     chunk of whole requests at a time, so memory does not grow with the run
     (:mod:`~dspark_obs.estimators.calibration_chunks`): every figure is then the
     one-pass value up to the order of float additions, except AUROC and the

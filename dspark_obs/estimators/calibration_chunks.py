@@ -57,7 +57,7 @@ class RunPlan:
 def plan_run(con, run_id: str, *, labels: str, companion: str | None) -> RunPlan:
     """Count the run's labelled steps per rid and unit (raises as ``load_events``)."""
     query, params, mode, gamma, source = cal.events_query(con, run_id, labels=labels, companion=companion)
-    counts = cal._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM ({query.format(chunk='TRUE')}) "
+    counts = cal._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM ({cal.events_sql(query, ordered=False)}) "
                              "GROUP BY ALL ORDER BY rid NULLS LAST, unit", params)
     labelled = int(np.sum(counts.column("n").to_numpy())) if counts.num_rows else 0
     total = cal._check_labelled(con, run_id, labels, mode, source, labelled)
@@ -72,7 +72,7 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None) -> RunPlan
 
 
 def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk):
-    table = cal._fetch(con, plan.query.format(chunk=chunk.on("s.rid")), {**plan.params, **chunk.params})
+    table = cal._fetch(con, cal.events_sql(plan.query, chunk), {**plan.params, **chunk.params})
     return cal._events(table, run_id, labels, plan.mode, plan.gamma, plan.source)
 
 
@@ -140,8 +140,10 @@ def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binning
         unit = unit_index(ev.rid)
         for i in range(len(workloads)):
             rows = np.flatnonzero(in_group[i][unit])
+            cols, local = np.unique(rank[i][unit[rows]], return_inverse=True)  # this chunk's units of the group
+            w = weights[i][:, cols].astype(np.float64) if weights[i] is not None else None
             for k in range(gamma):
-                _add(cells[i, k], ev.y[rows, k], ev.survival[rows, k], rank[i][unit[rows]], weights[i],
+                _add(cells[i, k], ev.y[rows, k], ev.survival[rows, k], local.reshape(-1), cols.size, w,
                      {name: (*specs[name], edges[i, k, name]) for name in binnings})
         done += len(ev.rid)
         del ev
@@ -175,16 +177,16 @@ class _Index:
         return found
 
 
-def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, col: np.ndarray, weights: np.ndarray | None,
+def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int, weights: np.ndarray | None,
          binnings: dict) -> None:
+    """Add one chunk's steps of a cell; ``g`` numbers their requests 0..n_units-1, whose
+    bootstrap weights are the columns of ``weights`` [resamples, n_units]."""
     ok = ~np.isnan(y) & ~np.isnan(p)
-    y, p, col = y[ok], np.clip(p[ok], 0.0, 1.0), col[ok]
+    y, p, g = y[ok], np.clip(p[ok], 0.0, 1.0), g[ok]
     if not y.size:
         return
-    cols, g = np.unique(col, return_inverse=True)
-    g = g.reshape(-1)
     cell.n += int(y.size)
-    cell.n_requests += int(cols.size)
+    cell.n_requests += int(np.count_nonzero(np.bincount(g, minlength=n_units)))
     cell.p_sum += float(p.sum())
     cell.y_sum += float(y.sum())
     cell.sq_sum += float(np.sum((p - y) ** 2))
@@ -199,14 +201,13 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, col: np.ndarray, weights: np
             a += s
         if weights is not None:
             cell_ids = g * n_bins + ids
-            size = cols.size * n_bins
-            per = [np.bincount(cell_ids, weights=pc, minlength=size).reshape(cols.size, n_bins),
-                   np.bincount(cell_ids, weights=y, minlength=size).reshape(cols.size, n_bins),
-                   np.bincount(g, minlength=cols.size).astype(np.float64)]
-            w = weights[:, cols].astype(np.float64)
+            size = n_units * n_bins
+            per = [np.bincount(cell_ids, weights=pc, minlength=size).reshape(n_units, n_bins),
+                   np.bincount(cell_ids, weights=y, minlength=size).reshape(n_units, n_bins),
+                   np.bincount(g, minlength=n_units).astype(np.float64)]
             boot = cell.boot.setdefault(name, [0.0, 0.0, 0.0])
             for j, part in enumerate(per):
-                boot[j] = boot[j] + w @ part
+                boot[j] = boot[j] + weights @ part
 
 
 def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan, binnings, specs, edges, i: int,

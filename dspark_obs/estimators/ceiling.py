@@ -306,7 +306,7 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     replaced.  Raises ValueError / LookupError with the fix in the message.
 
     Memory follows ``chunk_rows``, not the run: requests are estimated a chunk of
-    whole requests (about ``chunk_rows`` steps, default 250k) at a time, and the
+    whole requests (about ``chunk_rows`` steps, default 150k) at a time, and the
     per-step results go to the store chunk by chunk.  Every per-step value is
     what one pass over the whole run gives, and so are the summary and its
     bootstrap (accumulated from per-request totals) and the validation.  One

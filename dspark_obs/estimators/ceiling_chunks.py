@@ -26,8 +26,8 @@ import numpy as np
 
 __all__ = ["Chunk", "plan_chunks", "sample_requests", "rid_hash", "DEFAULT_CHUNK_ROWS", "DEFAULT_FIT_ROWS"]
 
-DEFAULT_CHUNK_ROWS = 250_000
-"""Request-steps per chunk: about 0.4 GB of working memory in the estimator."""
+DEFAULT_CHUNK_ROWS = 150_000
+"""Request-steps per chunk: about 0.5 GB of working memory in the estimator."""
 DEFAULT_FIT_ROWS = 200_000
 """Request-steps the acceptance model is fitted on (about 600k verified drafts)."""
 
@@ -113,5 +113,5 @@ def sample_requests(rids: list, counts: np.ndarray, *, max_rows: int = DEFAULT_F
     order = order[named[order]]
     take = order[: max(1, int(np.searchsorted(np.cumsum(counts[order]), max_rows, side="right")))]
     chosen = sorted(str(rids[i]) for i in take)
-    return Chunk("list_contains($sample_rids, {rid})", {"sample_rids": chosen},
+    return Chunk("{rid} IN (SELECT unnest($sample_rids))", {"sample_rids": chosen},
                  rows=int(counts[take].sum()), requests=len(chosen))

@@ -50,6 +50,8 @@ def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype) -> np.ndarr
     if values.null_count:
         values = pc.fill_null(values, fill)
     values = values.to_numpy(zero_copy_only=False)
+    if values.size == n * width:  # every list full (the usual case): no scatter needed
+        return np.asarray(values, dtype=dtype).reshape(n, width)
     rows = np.repeat(np.arange(n), lengths)
     starts = np.cumsum(lengths) - lengths
     cols = np.arange(len(values)) - np.repeat(starts, lengths)

@@ -306,6 +306,7 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
     total, done = int(counts.sum()), 0
     offset, bad, checked = 0, 0, 0
     totals, known, misaligned = [], [], []
+    all_sums, workloads = None, {}
     source = None
     with _Staged(write) as staged:
         for chunk in chunks:
@@ -320,7 +321,11 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
             misaligned += x.aligned.misaligned
             totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
                                                        window=x.window, **part.summary_columns))
-            known.append(part.known)
+            all_sums = ceiling_stats.add_stat_sums(all_sums, part.known_sums)
+            names = {name: workloads.setdefault(name, len(workloads)) for name in set(part.censored_known["workload"])}
+            part.censored_known["workload"] = np.asarray([names[w] for w in part.censored_known["workload"]],
+                                                         dtype=np.int16)
+            known.append(part.censored_known)
             source = source or part.source
             staged.add(part.ceiling)
             done += x.steps.num_rows
@@ -333,11 +338,13 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
         summary = pa.Table.from_pylist([{**r, "method": method} for r in summary_rows],
                                        schema=_file_schema("ceiling_summary"))
         kn = {k: np.concatenate([p[k] for p in known]) for k in known[0]}
-        rows = ceiling_stats.validate(kn["lo"], kn["mid"], kn["hi"], kn["truth"], censored=kn["censored"],
-                                      category=np.asarray(CATEGORIES, dtype=object)[kn["category"]],
-                                      workload=kn["workload"], greedy=kn["greedy"], emu_expected=kn["emu"])
-        steps_with_truth = int((~np.isnan(kn["truth"])).sum())
-        del kn, known
+        del known
+        rows = ceiling_stats.validate_parts(
+            all_sums, kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"],
+            category=np.asarray(CATEGORIES, dtype=object)[kn["category"]],
+            workload=np.asarray(list(workloads), dtype=object)[kn["workload"]], greedy=kn["greedy"])
+        steps_with_truth = all_sums["n"]
+        del kn
         companion = companion if source == "companion" else None
         validation = pa.Table.from_pylist(
             [{**r, "method": method, "truth_source": source, "companion_run": companion} for r in rows],
@@ -362,7 +369,8 @@ class _ChunkResult:
     ceiling: pa.Table
     workload: np.ndarray
     summary_columns: dict
-    known: dict                # per-step columns of the steps with a truth, for the validation
+    known_sums: dict           # validation sums over every step with a truth
+    censored_known: dict       # per-step columns of the censored steps with a truth, for the validation
     source: str | None
 
 
@@ -375,13 +383,16 @@ def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, ga
     ceiling = _ceiling_table(x.steps, est, x.window, x.correct, method)
     workload = pc.fill_null(x.steps.column("workload"), "unknown").to_numpy(zero_copy_only=False)
     truth, source = _truth(con, run_id, x.steps, mode, companion, chunk)
-    emu = np.where(est.walk.censored, _np(x.steps, "emu_expected_block_accept", np.float64, np.nan), np.nan)
-    keep = ~np.isnan(truth) | ~np.isnan(emu)
-    known = {"lo": est.lo[keep], "mid": est.mid[keep], "hi": est.hi[keep], "truth": truth[keep],
-             "emu": emu[keep], "censored": est.walk.censored[keep], "category": est.walk.category[keep],
-             "workload": workload[keep], "greedy": x.greedy[keep]}
-    return _ChunkResult(ceiling, workload, {"censored": est.walk.censored, "lo": est.lo, "mid": est.mid,
-                                            "hi": est.hi}, known, source)
+    censored = est.walk.censored
+    emu = np.where(censored, _np(x.steps, "emu_expected_block_accept", np.float64, np.nan), np.nan)
+    known = ~np.isnan(truth) | ~np.isnan(emu)
+    base = censored & known
+    # Truths count drafts and the emulator's expectation is stored as float32: both are exact in float32.
+    kept = {"lo": est.lo[base], "mid": est.mid[base], "hi": est.hi[base], "truth": truth[base].astype(np.float32),
+            "emu": emu[base].astype(np.float32), "category": est.walk.category[base],
+            "workload": workload[base], "greedy": x.greedy[base]}
+    return _ChunkResult(ceiling, workload, {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
+                        ceiling_stats._stat_sums(est.lo, est.mid, est.hi, truth, emu, known), kept, source)
 
 
 class _Staged:
@@ -418,7 +429,7 @@ class _Staged:
             self._writer = pq.ParquetWriter(self._path, table.schema, compression="lz4")
         self._writer.write_table(table)
 
-    def parts(self, rows: int = 1_000_000):
+    def parts(self, rows: int = 250_000):
         """The staged rows in order, as tables of about ``rows`` rows."""
         if self._writer is None:
             return

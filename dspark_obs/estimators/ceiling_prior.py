@@ -38,6 +38,7 @@ _EPS_C = 1e-4
 _MIN_ROWS = 50
 _RIDGE_POSITION = 10.0
 _RIDGE_EVIDENCE = 1.0
+_BLOCK_ROWS = 32_768  # steps whose design matrix is built at once when applying a model
 
 
 def _logit(c: np.ndarray) -> np.ndarray:
@@ -122,6 +123,9 @@ class AcceptanceModel:
         """``[n, gamma]`` acceptance probability of a draft from the head's confidence alone."""
         confidence = np.asarray(confidence, dtype=np.float64)
         greedy = np.asarray(greedy, dtype=bool)
+        if len(confidence) > _BLOCK_ROWS:  # the design matrix holds ~10 values per draft: bound it
+            return np.concatenate([self.prior(confidence[i:i + _BLOCK_ROWS], greedy[i:i + _BLOCK_ROWS])
+                                   for i in range(0, len(confidence), _BLOCK_ROWS)])
         c = self._impute(confidence, greedy[:, None])
         offset = np.broadcast_to(np.arange(1, self.gamma + 1)[None, :], c.shape)
         out = np.clip(c, 0.0, 1.0)
@@ -134,6 +138,10 @@ class AcceptanceModel:
 
     def draft(self, confidence: np.ndarray, p_topk: np.ndarray, topk_state: np.ndarray) -> np.ndarray:
         """``[n, gamma]`` acceptance probability of temperature drafts given the top-k evidence."""
+        if len(confidence) > _BLOCK_ROWS:
+            return np.concatenate([self.draft(confidence[i:i + _BLOCK_ROWS], p_topk[i:i + _BLOCK_ROWS],
+                                              topk_state[i:i + _BLOCK_ROWS])
+                                   for i in range(0, len(confidence), _BLOCK_ROWS)])
         greedy = np.zeros(len(confidence), dtype=bool)
         if self.draft_coef is None:
             return self.prior(confidence, greedy)

@@ -16,16 +16,27 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["summarize", "summarize_totals", "request_totals", "concat_totals", "RequestTotals", "validate",
-           "equal_count_bins", "N_BINS"]
+           "validate_parts", "add_stat_sums", "equal_count_bins", "N_BINS"]
 
 N_BINS = 8
 ALL = "*"
 
 
 def _groups(labels: np.ndarray) -> list[tuple[str, np.ndarray]]:
-    """``(name, mask)`` for ``*`` (everything) and each label, sorted."""
-    text = np.asarray(labels).astype(str)
-    return [(ALL, np.ones(text.size, dtype=bool))] + [(n, text == n) for n in np.unique(text).tolist()]
+    """``(name, mask)`` for ``*`` (everything) and each label (as text), sorted.
+
+    Labels are hashed once (no fixed-width text copy of millions of labels).
+    """
+    import pandas as pd
+
+    labels = np.asarray(labels)
+    codes, uniques = pd.factorize(labels.astype(object) if labels.dtype != object else labels,
+                                  use_na_sentinel=False)
+    text = [str(u) for u in uniques]
+    groups = [(ALL, np.ones(labels.size, dtype=bool))]
+    for name in sorted(set(text)):
+        groups.append((name, np.isin(codes, [i for i, t in enumerate(text) if t == name])))
+    return groups
 
 
 def _bootstrap_ratios(sums: np.ndarray, den: np.ndarray, ratio_pairs: list[tuple[int, int]], *,
@@ -172,24 +183,44 @@ def equal_count_bins(values: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
     return out
 
 
-def _stats(lo, mid, hi, truth, emu, mask) -> dict:
+def _stat_sums(lo, mid, hi, truth, emu, mask) -> dict:
+    """The sums behind :func:`_stats` over ``mask``: they add up across chunks of steps."""
     has_t = mask & ~np.isnan(truth)
     has_e = mask & ~np.isnan(emu)
-    row: dict = {"n": int(has_t.sum()), "emu_n": int(has_e.sum())}
-    sel = has_t if has_t.any() else has_e
-    for col, arr in (("mean_lo", lo), ("mean_mid", mid), ("mean_hi", hi)):
-        row[col] = float(arr[sel].mean()) if sel.any() else None
-    if has_t.any():
-        t = truth[has_t]
-        row.update(mean_truth=float(t.mean()), bias=float((mid[has_t] - t).mean()),
-                   mae=float(np.abs(mid[has_t] - t).mean()),
-                   coverage=float(((lo[has_t] <= t + 1e-9) & (t <= hi[has_t] + 1e-9)).mean()))
-    if has_e.any():
-        e = emu[has_e]
-        row.update(mean_emu_expected=float(e.mean()), emu_bias=float((mid[has_e] - e).mean()),
-                   emu_mae=float(np.abs(mid[has_e] - e).mean()),
-                   emu_coverage=float(((lo[has_e] <= e + 1e-6) & (e <= hi[has_e] + 1e-6)).mean()))
+    out: dict = {"n": int(has_t.sum()), "emu_n": int(has_e.sum())}
+    for col, arr in (("lo", lo), ("mid", mid), ("hi", hi)):
+        out[col] = arr[has_t].sum()
+        out[f"emu_{col}"] = arr[has_e].sum()
+    t, e = truth[has_t], emu[has_e]
+    out.update(truth=t.sum(), bias=(mid[has_t] - t).sum(), mae=np.abs(mid[has_t] - t).sum(),
+               coverage=int(((lo[has_t] <= t + 1e-9) & (t <= hi[has_t] + 1e-9)).sum()),
+               emu=e.sum(), emu_bias=(mid[has_e] - e).sum(), emu_mae=np.abs(mid[has_e] - e).sum(),
+               emu_coverage=int(((lo[has_e] <= e + 1e-6) & (e <= hi[has_e] + 1e-6)).sum()))
+    return out
+
+
+def add_stat_sums(a: dict | None, b: dict) -> dict:
+    """Sums of two disjoint sets of steps."""
+    return dict(b) if a is None else {k: a[k] + b[k] for k in a}
+
+
+def _from_sums(s: dict) -> dict:
+    """:func:`_stats` from :func:`_stat_sums` (the same numbers for one set of steps)."""
+    n, ne = s["n"], s["emu_n"]
+    row: dict = {"n": n, "emu_n": ne}
+    for col in ("lo", "mid", "hi"):
+        row[f"mean_{col}"] = float(s[col] / n) if n else (float(s[f"emu_{col}"] / ne) if ne else None)
+    if n:
+        row.update(mean_truth=float(s["truth"] / n), bias=float(s["bias"] / n), mae=float(s["mae"] / n),
+                   coverage=float(np.float64(s["coverage"]) / n))
+    if ne:
+        row.update(mean_emu_expected=float(s["emu"] / ne), emu_bias=float(s["emu_bias"] / ne),
+                   emu_mae=float(s["emu_mae"] / ne), emu_coverage=float(np.float64(s["emu_coverage"]) / ne))
     return row
+
+
+def _stats(lo, mid, hi, truth, emu, mask) -> dict:
+    return _from_sums(_stat_sums(lo, mid, hi, truth, emu, mask))
 
 
 def validate(
@@ -220,23 +251,33 @@ def validate(
     emu = np.full(lo.shape, np.nan) if emu_expected is None else np.asarray(emu_expected, dtype=np.float64)
     censored = np.asarray(censored, dtype=bool)
     emu = np.where(censored, emu, np.nan)  # the expectation is the target only where the ceiling was hidden
-    if not (~np.isnan(truth) | ~np.isnan(emu)).any():
-        return []
     known = ~np.isnan(truth) | ~np.isnan(emu)
     base = censored & known
-    rows = [{"group_kind": "all_steps", "group": ALL, **_stats(lo, mid, hi, truth, emu, known)},
-            {"group_kind": "overall", "group": ALL, **_stats(lo, mid, hi, truth, emu, base)}]
+    return validate_parts(_stat_sums(lo, mid, hi, truth, emu, known), lo[base], mid[base], hi[base], truth[base],
+                          emu[base], category=np.asarray(category, dtype=object)[base],
+                          workload=np.asarray(workload, dtype=object)[base],
+                          greedy=np.asarray(greedy, dtype=bool)[base], n_bins=n_bins)
+
+
+def validate_parts(all_steps: dict, lo, mid, hi, truth, emu, *, category, workload, greedy,
+                   n_bins: int = N_BINS) -> list[dict]:
+    """:func:`validate` from the sums over every step with a truth (:func:`_stat_sums`, added
+    over chunks) and the censored steps with a truth or an expectation, in run order."""
+    if not (all_steps["n"] or all_steps["emu_n"]):
+        return []
+    lo, mid, hi, truth, emu = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi, truth, emu))
+    every = np.ones(lo.size, dtype=bool)
+    rows = [{"group_kind": "all_steps", "group": ALL, **_from_sums(all_steps)},
+            {"group_kind": "overall", "group": ALL, **_stats(lo, mid, hi, truth, emu, every)}]
     sampling = np.where(np.asarray(greedy, dtype=bool), "greedy", "temperature")
     for kind, labels in (("sampling", sampling), ("category", np.asarray(category, dtype=object)),
                          ("workload", np.asarray(workload, dtype=object))):
         for name, mask in _groups(labels)[1:]:
-            if (mask & base).any():
-                rows.append({"group_kind": kind, "group": name, **_stats(lo, mid, hi, truth, emu, mask & base)})
-    idx = np.flatnonzero(base)
-    if idx.size:
-        bins = equal_count_bins(mid[idx], n_bins)
+            if mask.any():
+                rows.append({"group_kind": kind, "group": name, **_stats(lo, mid, hi, truth, emu, mask)})
+    if lo.size:
+        bins = equal_count_bins(mid, n_bins)
         for b in range(int(bins.max()) + 1):
-            mask = np.zeros(lo.size, dtype=bool)
-            mask[idx[bins == b]] = True
-            rows.append({"group_kind": "bin", "group": str(b), "bin": b, **_stats(lo, mid, hi, truth, emu, mask)})
+            rows.append({"group_kind": "bin", "group": str(b), "bin": b,
+                         **_stats(lo, mid, hi, truth, emu, bins == b)})
     return rows

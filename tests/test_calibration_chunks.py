@@ -1,0 +1,76 @@
+"""Tests for calibration_chunks: calibrate_run over chunks of requests equals one pass."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_obs import sql
+from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators.calibration_chunks import _weights, plan_run
+from dspark_obs.estimators.ceiling import estimate_run
+from dspark_obs.store import Store
+
+FLOATS = {"mean_predicted", "observed_rate", "ece", "ece_ci_lo", "ece_ci_hi", "debiased_ece", "mce", "brier",
+          "log_loss"}
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> Store:
+    from bench.gen_store import generate
+
+    root = tmp_path_factory.mktemp("cal-chunks")
+    generate(root, rows=5000, seed=4)
+    store = Store(root)
+    estimate_run(store, "bench", n_bootstrap=0)
+    return store
+
+
+def _compare(one, many, *, exact: set[str]) -> None:
+    assert one.num_rows == many.num_rows and one.column_names == many.column_names
+    for name in one.column_names:
+        x, y = one.column(name).to_pylist(), many.column(name).to_pylist()
+        if name in exact or name not in FLOATS:
+            assert x == y, name
+        else:
+            assert x == pytest.approx(y, rel=1e-11, abs=1e-13, nan_ok=True), name
+
+
+@pytest.mark.parametrize("labels", ["observed", "reconstructed"])
+def test_chunks_give_one_pass_figures(generated, labels):
+    one = cal.calibrate_run(generated, "bench", labels=labels, n_bootstrap=30, write=False)
+    seen = []
+    many = cal.calibrate_run(generated, "bench", labels=labels, n_bootstrap=30, write=False, chunk_rows=600,
+                             progress=lambda done, total: seen.append(done))
+    assert len(seen) >= 8 and seen == sorted(seen)
+    # counts, AUROC and bin edges exactly (the sample holds the whole run); sums up to addition order
+    _compare(one.summary, many.summary, exact={"auroc", "n", "n_requests"})
+    _compare(one.bins, many.bins, exact={"bin_lo", "bin_hi", "count"})
+    assert one.notes == many.notes
+
+
+def test_a_sample_smaller_than_the_run_only_moves_auroc_and_mass_edges(generated):
+    one = cal.calibrate_run(generated, "bench", n_bootstrap=0, write=False)
+    many = cal.calibrate_run(generated, "bench", n_bootstrap=0, write=False, chunk_rows=600, sample_rows=1500)
+    width = [i for i, b in enumerate(one.summary.column("binning").to_pylist()) if b != "mass15"]
+    _compare(one.summary.take(width).drop_columns(["auroc"]), many.summary.take(width).drop_columns(["auroc"]),
+             exact={"n", "n_requests"})
+    a, b = (np.array(t.column("auroc").to_pylist(), dtype=float) for t in (one.summary, many.summary))
+    assert np.nanmax(np.abs(a - b)) < 0.1   # a 30% sample of requests: sampling noise only
+    def mass_count(bins):
+        return sum(c for c, b in zip(bins.column("count").to_pylist(), bins.column("binning").to_pylist())
+                   if b == "mass15")
+    assert mass_count(many.bins) == mass_count(one.bins)   # every step is still binned
+
+
+def test_uint8_weights_are_the_one_pass_draws():
+    np.testing.assert_array_equal(_weights(300, 150, 7), cal._multinomial_weights(300, 150, 7))
+
+
+def test_plan_counts_labelled_steps_per_unit(generated):
+    con = sql.connect(generated.root)
+    plan = plan_run(con, "bench", labels="observed", companion=None)
+    assert plan.labelled == plan.total == int(plan.rid_rows.sum())
+    assert list(plan.units) == sorted(plan.units) and len(plan.rids) == len(plan.units)
+    with pytest.raises(cal.CalibrationDataError, match="no request-steps for run 'nope'"):
+        plan_run(con, "nope", labels="observed", companion=None)

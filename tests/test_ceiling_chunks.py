@@ -1,0 +1,125 @@
+"""Tests for ceiling_chunks and the chunked estimate_run: chunks of whole requests give one pass's results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from dspark_obs import sql
+from dspark_obs.estimators.ceiling import estimate_run
+from dspark_obs.estimators.ceiling_chunks import plan_chunks, rid_hash, sample_requests
+from dspark_obs.store import Store
+
+
+# -- pure planning -------------------------------------------------------------------------------
+
+def test_plan_chunks_keeps_requests_whole_and_in_order():
+    chunks = plan_chunks(["a", "b", "c", "d", None], np.array([3, 2, 9, 1, 4]), chunk_rows=5)
+    assert [(c.params.get("chunk_lo"), c.params.get("chunk_hi"), c.rows) for c in chunks] == [
+        ("a", "b", 5), ("c", "c", 9), ("d", "d", 1), (None, None, 4)]   # c alone is bigger than a chunk
+    assert chunks[0].on("s.rid") == "s.rid BETWEEN $chunk_lo AND $chunk_hi"
+    assert chunks[-1].on("rid") == "rid IS NULL"
+
+
+def test_a_run_that_fits_is_one_chunk_without_a_predicate():
+    (chunk,) = plan_chunks(["a", None], np.array([2, 2]), chunk_rows=4)
+    assert chunk.on("rid") == "TRUE" and chunk.rows == 4
+    with pytest.raises(ValueError, match="chunk_rows must be >= 1"):
+        plan_chunks(["a"], np.array([1]), chunk_rows=0)
+
+
+def test_sample_takes_whole_requests_by_rid_hash_up_to_the_limit():
+    rids = [f"r{i}" for i in range(50)] + [None]
+    counts = np.full(51, 10)
+    sample = sample_requests(rids, counts, max_rows=95)
+    chosen = sample.params["sample_rids"]
+    assert len(chosen) == 9 and sample.rows == 90 and chosen == sorted(chosen)
+    order = np.argsort(rid_hash(rids[:50]), kind="stable")
+    assert set(chosen) == {rids[i] for i in order[:9]}          # the smallest hashes
+    assert sample_requests(list(reversed(rids)), counts, max_rows=95).params["sample_rids"] == chosen
+    assert sample_requests(rids, counts, max_rows=510).on("rid") == "TRUE"
+
+
+def test_rid_hash_is_stable():
+    assert rid_hash(["gsm8k-00000001"]).tolist() == rid_hash(["gsm8k-00000001"]).tolist()
+    assert rid_hash([None]).tolist() == rid_hash([""]).tolist()
+
+
+# -- chunked estimate_run ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> Store:
+    from bench.gen_store import generate
+
+    root = tmp_path_factory.mktemp("chunks")
+    generate(root, rows=6000, seed=3)
+    return Store(root)
+
+
+def _same_rows(a: pa.Table, b: pa.Table, *, approx: set[str] = frozenset()) -> None:
+    assert a.num_rows == b.num_rows and a.column_names == b.column_names
+    for name in a.column_names:
+        x, y = a.column(name).to_pylist(), b.column(name).to_pylist()
+        if name in approx:
+            assert x == pytest.approx(y, rel=1e-12, abs=1e-12, nan_ok=True), name
+        else:
+            assert x == y, name
+
+
+def test_chunked_estimate_equals_one_pass(generated):
+    one = estimate_run(generated, "bench", n_bootstrap=40, write=False)
+    many = estimate_run(generated, "bench", n_bootstrap=40, write=False, chunk_rows=700, progress=None)
+    assert one.num_rows == many.num_rows == one.ceiling.num_rows
+    _same_rows(one.ceiling, many.ceiling)                        # every per-step value, bit for bit
+    _same_rows(one.summary, many.summary)                        # per-request totals: the same bootstrap
+    first, rest = one.validation.slice(0, 1), one.validation.slice(1)
+    _same_rows(rest, many.validation.slice(1))                   # censored groups and bins: same rows
+    _same_rows(first, many.validation.slice(0, 1),               # all_steps: sums added chunk by chunk
+               approx={"mean_lo", "mean_mid", "mean_hi", "mean_truth", "bias", "mae", "coverage",
+                       "mean_emu_expected", "emu_bias", "emu_mae", "emu_coverage"})
+    assert one.steps_with_truth == many.steps_with_truth and one.truth_source == many.truth_source == "emulator"
+
+
+def test_chunked_write_stages_then_replaces_and_reads_back(generated):
+    seen = []
+    result = estimate_run(generated, "bench", n_bootstrap=0, chunk_rows=1000,
+                          progress=lambda done, total: seen.append((done, total)))
+    assert len(seen) >= 6 and seen[-1][0] == seen[-1][1] == result.num_rows
+    assert [d for d, _ in seen] == sorted(d for d, _ in seen)
+    stored = generated.read("ceiling", "bench")
+    assert stored.num_rows == result.num_rows and len(list((generated.root / "ceiling").rglob("part-*"))) == 1
+    _same_rows(result.ceiling, estimate_run(generated, "bench", n_bootstrap=0, write=False).ceiling)
+
+
+def test_a_sampled_fit_changes_only_the_temperature_expectation(generated):
+    full = estimate_run(generated, "bench", n_bootstrap=0, write=False).ceiling
+    sampled = estimate_run(generated, "bench", n_bootstrap=0, write=False, chunk_rows=1500, fit_rows=1500).ceiling
+    for name in ("rid", "forward_ct", "category", "walked", "lo", "hi", "censored"):
+        assert full.column(name).to_pylist() == sampled.column(name).to_pylist(), name
+    greedy = np.asarray(full.column("temperature").to_pylist()) == 0
+    mid_full, mid_sampled = (np.asarray(t.column("mid").to_pylist()) for t in (full, sampled))
+    assert np.array_equal(mid_full[greedy], mid_sampled[greedy])
+    assert not np.array_equal(mid_full[~greedy], mid_sampled[~greedy])
+    lo, hi = np.asarray(full.column("lo").to_pylist()), np.asarray(full.column("hi").to_pylist())
+    assert np.all((lo - 1e-9 <= mid_sampled) & (mid_sampled <= hi + 1e-9))
+
+
+def test_a_failing_chunked_run_keeps_the_old_results(tmp_path):
+    from tests.test_ceiling_run import _write_run
+
+    store = Store(tmp_path)
+    _write_run(store, "cmp", "compact")
+    estimate_run(store, "cmp", n_bootstrap=0)
+    before = store.read("ceiling", "cmp")
+    # the same run with its prompts one token short: every step misaligned; noticed after all chunks
+    con = sql.connect(store.root, read_only=False)
+    store.drop_run("requests", "cmp")
+    store.write("requests", "cmp", [
+        {"rid": "g", "workload": "math", "temperature": 0.0, "prompt_tokens": 2, "completion_tokens": 8,
+         "finish_reason": "stop"},
+        {"rid": "t", "workload": "poetry", "temperature": 1.0, "prompt_tokens": 3, "completion_tokens": 5,
+         "finish_reason": "length"}])
+    with pytest.raises(ValueError, match="prompt_tokens must be the prompt length"):
+        estimate_run(con, "cmp", chunk_rows=1)
+    assert store.read("ceiling", "cmp").equals(before)
