@@ -36,12 +36,12 @@ def _compare(one, many, *, exact: set[str]) -> None:
             assert x == pytest.approx(y, rel=1e-11, abs=1e-13, nan_ok=True), name
 
 
-@pytest.mark.parametrize("labels", ["observed", "reconstructed"])
-def test_chunks_give_one_pass_figures(generated, labels):
-    one = cal.calibrate_run(generated, "bench", labels=labels, n_bootstrap=30, write=False)
+@pytest.mark.parametrize("labels, n_bootstrap", [("observed", 30), ("reconstructed", 30), ("observed", 0)])
+def test_chunks_give_one_pass_figures(generated, labels, n_bootstrap):
+    one = cal.calibrate_run(generated, "bench", labels=labels, n_bootstrap=n_bootstrap, write=False)
     seen = []
-    many = cal.calibrate_run(generated, "bench", labels=labels, n_bootstrap=30, write=False, chunk_rows=600,
-                             progress=lambda done, total: seen.append(done))
+    many = cal.calibrate_run(generated, "bench", labels=labels, n_bootstrap=n_bootstrap, write=False,
+                             chunk_rows=600, progress=lambda done, total: seen.append(done))
     assert len(seen) >= 8 and seen == sorted(seen)
     # counts, AUROC and bin edges exactly (the sample holds the whole run); sums up to addition order
     _compare(one.summary, many.summary, exact={"auroc", "n", "n_requests"})
@@ -69,8 +69,10 @@ def test_uint8_weights_are_the_one_pass_draws():
 
 def test_plan_counts_labelled_steps_per_unit(generated):
     con = sql.connect(generated.root)
-    plan = plan_run(con, "bench", labels="observed", companion=None)
-    assert plan.labelled == plan.total == int(plan.rid_rows.sum())
+    plan = plan_run(con, "bench", labels="observed", companion=None, chunk_rows=800)
+    assert len(plan.chunks) > 5 and plan.labelled == plan.total == int(plan.rid_rows.sum())
     assert list(plan.units) == sorted(plan.units) and len(plan.rids) == len(plan.units)
     with pytest.raises(cal.CalibrationDataError, match="no request-steps for run 'nope'"):
-        plan_run(con, "nope", labels="observed", companion=None)
+        cal.calibrate_run(con, "nope", chunk_rows=800)
+    with pytest.raises(cal.CalibrationDataError, match="no companion step|no cap-accept companion"):
+        plan_run(con, "bench", labels="companion", companion=None, chunk_rows=800)

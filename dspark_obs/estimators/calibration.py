@@ -834,18 +834,19 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     _check_options(binnings, n_bootstrap, confidence_level)
     chunk_rows = chunk_rows or DEFAULT_CHUNK_ROWS
     con, store = _connect(con_or_store)
-    plan = chunks.plan_run(con, run_id, labels=labels, companion=companion)
-    if plan.labelled <= chunk_rows:  # one pass
+    plan = chunks.plan_run(con, run_id, labels=labels, companion=companion, chunk_rows=chunk_rows,
+                           units=n_bootstrap > 0)
+    if len(plan.chunks) == 1:  # one pass
         ev = load_events(con, run_id, labels=labels, companion=companion)
         summary, bins = summarise_events(ev, binnings=binnings, n_bootstrap=n_bootstrap,
                                          confidence_level=confidence_level, seed=seed)
         notes = ev.notes
         if progress is not None:
-            progress(plan.labelled, plan.labelled)
+            progress(len(ev.rid), len(ev.rid))
     else:
         summary, bins, notes = chunks.summarise_in_chunks(
             con, run_id, plan, labels=labels, binnings=binnings, n_bootstrap=n_bootstrap,
-            confidence_level=confidence_level, seed=seed, chunk_rows=chunk_rows,
+            confidence_level=confidence_level, seed=seed,
             sample_rows=sample_rows or chunks.DEFAULT_SAMPLE_ROWS, progress=progress)
     if write:
         for table, rows in (("calibration", summary), ("calibration_bins", bins)):

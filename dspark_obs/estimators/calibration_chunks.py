@@ -37,28 +37,56 @@ DEFAULT_SAMPLE_ROWS = 500_000
 _WEIGHT_BLOCK = 64  # resamples drawn at a time (same stream as drawing them all at once)
 
 
+_BASE_SQL = """
+SELECT rid, count(*) AS n FROM step_reqs
+WHERE run_id = $run AND (confidence IS NOT NULL OR survival IS NOT NULL)
+GROUP BY rid ORDER BY rid NULLS LAST
+"""
+
+
 @dataclass(frozen=True)
 class RunPlan:
-    """A run's labelled steps per request: what the chunks and the bootstrap need up front."""
+    """A run's chunks and labelled steps per request: what the bootstrap needs up front.
+
+    A run that fits one chunk is not counted further (``units`` empty): it is
+    calibrated in one pass.
+    """
 
     query: str
     params: dict
     mode: str
     gamma: int | None
     source: str
-    total: int                 # the run's steps (labelled or not)
-    rids: list                 # distinct rids in the database's order, None last
-    rid_rows: np.ndarray       # labelled steps per rid
-    units: np.ndarray          # [u] object: bootstrap units (rid, or 'pool-N' without one), sorted
-    unit_workload: np.ndarray  # [u] object
-    labelled: int = field(default=0)
+    chunks: list               # Chunk, in rid order
+    total: int = 0             # the run's steps (labelled or not)
+    labelled: int = 0
+    rids: list = field(default_factory=list)                          # rids with labelled steps, None last
+    rid_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    units: np.ndarray = field(default_factory=lambda: np.zeros(0, object))   # bootstrap units, sorted
+    unit_workload: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
 
 
-def plan_run(con, run_id: str, *, labels: str, companion: str | None) -> RunPlan:
-    """Count the run's labelled steps per rid and unit (raises as ``load_events``)."""
+def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows: int,
+             units: bool = True) -> RunPlan:
+    """Chunks of the run's steps with predictions, then (``units``) its labelled steps per rid
+    and unit, which the bootstrap needs before the first chunk.
+
+    The labelled steps are counted a chunk at a time: joining a whole run with its
+    ceiling or companion at once would hold both in memory.  Raises as ``load_events``.
+    """
     query, params, mode, gamma, source = cal.events_query(con, run_id, labels=labels, companion=companion)
-    counts = cal._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM ({cal.events_sql(query, ordered=False)}) "
-                             "GROUP BY ALL ORDER BY rid NULLS LAST, unit", params)
+    base = cal._fetch(con, _BASE_SQL, {"run": run_id})
+    rids, rows = base.column("rid").to_pylist(), base.column("n").to_numpy().astype(np.int64)
+    chunks = plan_chunks(rids, rows, chunk_rows=chunk_rows)
+    if len(chunks) == 1:
+        return RunPlan(query, params, mode, gamma, source, chunks)
+    if not units:  # steps with predictions stand in for labelled ones (the sample, the progress)
+        return RunPlan(query, params, mode, gamma, source, chunks, 0, int(rows.sum()), rids, rows)
+    parts = [cal._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM "
+                             f"({cal.events_sql(query, chunk, ordered=False)}) "
+                             "GROUP BY ALL ORDER BY rid NULLS LAST, unit", {**params, **chunk.params})
+             for chunk in chunks]
+    counts = pa.concat_tables(parts)
     labelled = int(np.sum(counts.column("n").to_numpy())) if counts.num_rows else 0
     total = cal._check_labelled(con, run_id, labels, mode, source, labelled)
     rid = counts.column("rid").to_pylist()
@@ -67,8 +95,8 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None) -> RunPlan
     rid_rows = np.add.reduceat(n, starts) if starts else np.zeros(0, np.int64)
     units = np.asarray(counts.column("unit").to_pylist(), dtype=object)
     order = np.argsort(units, kind="stable")
-    return RunPlan(query, params, mode, gamma, source, total, [rid[i] for i in starts], rid_rows, units[order],
-                   np.asarray(counts.column("workload").to_pylist(), dtype=object)[order], labelled)
+    return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, [rid[i] for i in starts], rid_rows,
+                   units[order], np.asarray(counts.column("workload").to_pylist(), dtype=object)[order])
 
 
 def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk):
@@ -99,67 +127,108 @@ class _Cell:
     y_sum: float = 0.0
     sq_sum: float = 0.0
     log_sum: float = 0.0
+    edges: dict = field(default_factory=dict)  # binning -> bin edges
     bins: dict = field(default_factory=dict)   # binning -> [count, pred_sum, true_sum]
     boot: dict = field(default_factory=dict)   # binning -> [W@psum, W@ysum, W@count]
 
 
 def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binnings, n_bootstrap: int,
-                        confidence_level: float, seed: int, chunk_rows: int, sample_rows: int = DEFAULT_SAMPLE_ROWS,
+                        confidence_level: float, seed: int, sample_rows: int = DEFAULT_SAMPLE_ROWS,
                         progress: Callable[[int, int], None] | None = None) -> tuple[pa.Table, pa.Table, tuple]:
-    """The ``calibration`` and ``calibration_bins`` rows and the notes, a chunk of requests at a time."""
-    workloads = ["*", *sorted(set(plan.unit_workload.tolist()))]
-    in_group = [np.ones(plan.units.size, bool)] + [plan.unit_workload == w for w in workloads[1:]]
-    rank = [np.cumsum(m) - 1 for m in in_group]           # unit -> column among its group's units
-    weights = [_weights(int(m.sum()), n_bootstrap, seed + i) if n_bootstrap and m.any() else None
-               for i, m in enumerate(in_group)]
+    """The ``calibration`` and ``calibration_bins`` rows and the notes, a chunk of requests at a time.
+
+    With ``n_bootstrap`` the plan must hold the run's units (``plan_run(units=True)``).
+    """
     specs = {name: cal.parse_binning(name) for name in binnings}
+    boot = _Bootstrap(plan, n_bootstrap, seed) if n_bootstrap else None
 
     sample, _ = _load(con, plan, run_id, labels, sample_requests(plan.rids, plan.rid_rows, max_rows=sample_rows))
     gamma = sample.gamma
-    auroc, edges = {}, {}
-    s_wl = np.asarray(sample.workload, dtype=object)
-    for i, w in enumerate(workloads):
-        mask = np.ones(s_wl.size, bool) if w == "*" else s_wl == w
+    by_sample: dict = {}
+    for w, mask in _groups(sample.workload):
         for k in range(gamma):
             y, p = sample.y[mask, k], sample.survival[mask, k]
             ok = ~np.isnan(y) & ~np.isnan(p)
-            y, p = y[ok], np.clip(p[ok], 0.0, 1.0)
-            auroc[i, k] = cal._none_if_nan(cal.auroc_score(y, p)) if y.size else None
-            for name, (n_bins, strategy) in specs.items():
-                edges[i, k, name] = cal._edges(np.clip(p, cal.EPS_PROB, 1.0 - cal.EPS_PROB), n_bins, strategy)
-    del sample, s_wl
+            by_sample[w, k] = (y[ok], np.clip(p[ok], 0.0, 1.0))
+    del sample
 
-    cells = {(i, k): _Cell() for i in range(len(workloads)) for k in range(gamma)}
+    def edges(w: str, k: int, name: str) -> np.ndarray:
+        _, p = by_sample.get((w, k), (None, np.zeros(0)))
+        n_bins, strategy = specs[name]
+        return cal._edges(np.clip(p, cal.EPS_PROB, 1.0 - cal.EPS_PROB), n_bins, strategy)
+
+    cells: dict = {}
     counts = {"rows": 0, "censored": 0, "fractional": 0}
-    done = 0
-    unit_index = _Index(plan.units)
-    for chunk in plan_chunks(plan.rids, plan.rid_rows, chunk_rows=chunk_rows):
+    done, total_rows = 0, sum(chunk.rows for chunk in plan.chunks)
+    for chunk in plan.chunks:
         ev, c = _load(con, plan, run_id, labels, chunk)
         for key in counts:
             counts[key] += c[key]
-        unit = unit_index(ev.rid)
-        for i in range(len(workloads)):
-            rows = np.flatnonzero(in_group[i][unit])
-            cols, local = np.unique(rank[i][unit[rows]], return_inverse=True)  # this chunk's units of the group
-            w = weights[i][:, cols].astype(np.float64) if weights[i] is not None else None
+        for w, mask in _groups(ev.workload):
+            rows = np.flatnonzero(mask)
+            cols, local = boot.columns(w, ev.rid[rows]) if boot else _local_units(ev.rid[rows])
+            weights = boot.weights(w, cols) if boot else None
             for k in range(gamma):
-                _add(cells[i, k], ev.y[rows, k], ev.survival[rows, k], local.reshape(-1), cols.size, w,
-                     {name: (*specs[name], edges[i, k, name]) for name in binnings})
-        done += len(ev.rid)
+                cell = cells.setdefault((w, k), _Cell())
+                _add(cell, ev.y[rows, k], ev.survival[rows, k], local, cols.size, weights,
+                     {name: (*specs[name], cell.edges.setdefault(name, edges(w, k, name))) for name in binnings})
+        done += chunk.rows
         del ev
         if progress is not None:
-            progress(done, plan.labelled)
-    counts["total"] = plan.total
+            progress(done, total_rows)
+    counts["total"] = plan.total or cal._check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
     rows, bin_rows = [], []
-    for i, w in enumerate(workloads):
+    names = sorted({w for w, _ in cells} - {"*"})
+    for w in ["*", *names]:
         for k in range(gamma):
-            r, b = _rows(cells[i, k], auroc[i, k], w, k, labels, plan, binnings, specs, edges, i,
-                         confidence_level, n_bootstrap if weights[i] is not None else 0)
+            cell = cells.get((w, k), _Cell())
+            y, p = by_sample.get((w, k), (np.zeros(0), np.zeros(0)))
+            auroc = cal._none_if_nan(cal.auroc_score(y, p)) if y.size else None
+            r, b = _rows(cell, auroc, w, k, labels, plan, binnings, confidence_level,
+                         n_bootstrap if boot and boot.has(w) else 0)
             rows += r
             bin_rows += b
     notes = cal._notes(labels, plan.mode, plan.params.get("method"), counts)
     return (pa.Table.from_pylist(rows, schema=cal.CALIBRATION.remove_metadata()),
             pa.Table.from_pylist(bin_rows, schema=cal.CALIBRATION_BINS.remove_metadata()), notes)
+
+
+def _groups(workload: np.ndarray) -> list[tuple[str, np.ndarray]]:
+    """``("*", all)`` and ``(name, mask)`` per workload."""
+    import pandas as pd
+
+    codes, names = pd.factorize(np.asarray(workload, dtype=object), use_na_sentinel=False)
+    return [("*", np.ones(codes.size, bool))] + [(str(n), codes == i) for i, n in enumerate(names)]
+
+
+def _local_units(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct units of a chunk (as placeholders) and each row's number among them."""
+    import pandas as pd
+
+    codes, uniques = pd.factorize(np.asarray(units, dtype=object), use_na_sentinel=False)
+    return np.arange(len(uniques)), codes.astype(np.int64)
+
+
+class _Bootstrap:
+    """One pass's multinomial weights per workload group, columns in sorted unit order."""
+
+    def __init__(self, plan: RunPlan, n_bootstrap: int, seed: int) -> None:
+        self._index = _Index(plan.units)
+        workloads = ["*", *sorted(set(plan.unit_workload.tolist()))]
+        self._in = {w: np.ones(plan.units.size, bool) if w == "*" else plan.unit_workload == w for w in workloads}
+        self._rank = {w: np.cumsum(m) - 1 for w, m in self._in.items()}   # unit -> column in its group
+        self._w = {w: _weights(int(m.sum()), n_bootstrap, seed + i)
+                   for i, (w, m) in enumerate(self._in.items()) if m.any()}
+
+    def has(self, workload: str) -> bool:
+        return workload in self._w
+
+    def columns(self, workload: str, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        cols, local = np.unique(self._rank[workload][self._index(units)], return_inverse=True)
+        return cols, local.reshape(-1)
+
+    def weights(self, workload: str, cols: np.ndarray) -> np.ndarray:
+        return self._w[workload][:, cols].astype(np.float64)
 
 
 class _Index:
@@ -210,8 +279,8 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
                 boot[j] = boot[j] + weights @ part
 
 
-def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan, binnings, specs, edges, i: int,
-          level: float, n_boot: int) -> tuple[list[dict], list[dict]]:
+def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan, binnings, level: float,
+          n_boot: int) -> tuple[list[dict], list[dict]]:
     base = {"workload": workload, "position": k + 1, "labels": labels}
     common = {"mode": plan.mode or None, "label_source": plan.source, "n": cell.n, "n_requests": cell.n_requests,
               "bootstrap": n_boot if cell.n and n_boot else 0}
@@ -223,7 +292,7 @@ def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan,
         row = {**base, "binning": name, **common}
         if cell.n:
             count, pred_sum, true_sum = cell.bins[name]
-            b = cal._Bins(edges[i, k, name], np.zeros(0, np.int64), count, pred_sum, true_sum)
+            b = cal._Bins(cell.edges[name], np.zeros(0, np.int64), count, pred_sum, true_sum)
             row.update(ece=cal._ece(b), mce=cal._mce(b), debiased_ece=cal._debiased_ece(b))
             if n_boot:
                 wp, wy, wn = cell.boot[name]

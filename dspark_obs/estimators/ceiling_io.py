@@ -11,7 +11,7 @@ and ``ceiling_validation``.  Use it through
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -304,10 +304,7 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
         model = _fit(fit_inputs)
         del fit_inputs
     total, done = int(counts.sum()), 0
-    offset, bad, checked = 0, 0, 0
-    totals, known, misaligned = [], [], []
-    all_sums, workloads = None, {}
-    source = None
+    acc = _RunTotals()
     with _Staged(write) as staged:
         for chunk in chunks:
             x, mode, gamma = _inputs(con, run_id, store.root, chunk, gamma)
@@ -315,36 +312,19 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
                 model = _fit(x)
             part = _estimate_chunk(con, run_id, x, chunk, mode=mode, gamma=gamma, method=method, model=model,
                                    companion=companion, sglang_logprobs=sglang_logprobs)
-            code = np.where(x.aligned.code < 0, -1, x.aligned.code + offset)
-            offset += x.aligned.n_requests
-            bad, checked = bad + x.aligned.bad_steps, checked + x.aligned.checked_steps
-            misaligned += x.aligned.misaligned
-            totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
-                                                       window=x.window, **part.summary_columns))
-            all_sums = ceiling_stats.add_stat_sums(all_sums, part.known_sums)
-            names = {name: workloads.setdefault(name, len(workloads)) for name in set(part.censored_known["workload"])}
-            part.censored_known["workload"] = np.asarray([names[w] for w in part.censored_known["workload"]],
-                                                         dtype=np.int16)
-            known.append(part.censored_known)
-            source = source or part.source
+            acc.add(x, part)
             staged.add(part.ceiling)
             done += x.steps.num_rows
             del x, part
             if progress is not None:
                 progress(done, total)
-        _check_alignment_share(run_id, bad, checked)
-        summary_rows = ceiling_stats.summarize_totals(ceiling_stats.concat_totals(totals),
-                                                      n_bootstrap=n_bootstrap, seed=seed)
-        summary = pa.Table.from_pylist([{**r, "method": method} for r in summary_rows],
-                                       schema=_file_schema("ceiling_summary"))
-        kn = {k: np.concatenate([p[k] for p in known]) for k in known[0]}
-        del known
-        rows = ceiling_stats.validate_parts(
-            all_sums, kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"],
-            category=np.asarray(CATEGORIES, dtype=object)[kn["category"]],
-            workload=np.asarray(list(workloads), dtype=object)[kn["workload"]], greedy=kn["greedy"])
-        steps_with_truth = all_sums["n"]
-        del kn
+        _check_alignment_share(run_id, acc.bad, acc.checked)
+        summary = pa.Table.from_pylist(
+            [{**r, "method": method} for r in ceiling_stats.summarize_totals(
+                ceiling_stats.concat_totals(acc.totals), n_bootstrap=n_bootstrap, seed=seed)],
+            schema=_file_schema("ceiling_summary"))
+        rows = acc.validation_rows()
+        source = acc.source
         companion = companion if source == "companion" else None
         validation = pa.Table.from_pylist(
             [{**r, "method": method, "truth_source": source, "companion_run": companion} for r in rows],
@@ -359,9 +339,47 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
                 store.write("ceiling_validation", run_id, validation)
         ceiling = None if write else staged.table()
     return CeilingRun(run_id=run_id, method=method, gamma=gamma, summary=summary, validation=validation,
-                      truth_source=source, companion=companion, steps_with_truth=steps_with_truth,
-                      misaligned_requests=misaligned, num_rows=total, table=ceiling,
+                      truth_source=source, companion=companion, steps_with_truth=acc.all_sums["n"],
+                      misaligned_requests=acc.misaligned, num_rows=total, table=ceiling,
                       store=store if write else None)
+
+
+@dataclass
+class _RunTotals:
+    """What the summary, the validation and the run-wide checks keep of each chunk (small)."""
+
+    offset: int = 0            # request codes handed out so far
+    bad: int = 0
+    checked: int = 0
+    source: str | None = None
+    all_sums: dict | None = None
+    totals: list = field(default_factory=list)
+    known: list = field(default_factory=list)
+    misaligned: list = field(default_factory=list)
+    workloads: dict = field(default_factory=dict)
+
+    def add(self, x: "_Inputs", part: "_ChunkResult") -> None:
+        code = np.where(x.aligned.code < 0, -1, x.aligned.code + self.offset)
+        self.offset += x.aligned.n_requests
+        self.bad += x.aligned.bad_steps
+        self.checked += x.aligned.checked_steps
+        self.misaligned += x.aligned.misaligned
+        self.source = self.source or part.source
+        self.totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
+                                                        window=x.window, **part.summary_columns))
+        self.all_sums = ceiling_stats.add_stat_sums(self.all_sums, part.known_sums)
+        kept = part.censored_known
+        names = {w: self.workloads.setdefault(w, len(self.workloads)) for w in set(kept["workload"])}
+        kept["workload"] = np.asarray([names[w] for w in kept["workload"]], dtype=np.int16)
+        self.known.append(kept)
+
+    def validation_rows(self) -> list[dict]:
+        kn = {k: np.concatenate([p[k] for p in self.known]) for k in self.known[0]}
+        self.known = []
+        return ceiling_stats.validate_parts(
+            self.all_sums, kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"],
+            category=np.asarray(CATEGORIES, dtype=object)[kn["category"]],
+            workload=np.asarray(list(self.workloads), dtype=object)[kn["workload"]], greedy=kn["greedy"])
 
 
 @dataclass
