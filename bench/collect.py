@@ -67,6 +67,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import os
 import re
 import signal
@@ -85,7 +86,7 @@ if str(ROOT) not in sys.path:
 from bench.common import run_child  # noqa: E402
 
 _W = ("arena-hard", "poetry", "gsm8k")
-FIREHOSE_MAX_RECORDS = 32  # per rank: ~0.65 s of records at 49 steps/s; see the module docstring
+FIREHOSE_DEQUE_S = 0.65  # each rank's deque holds this much of its records; see the module docstring
 FIREHOSE_POLL_S = 0.05
 FIREHOSE_LEAN_RECORDS = 8  # its /server_info encodes in less than one step period
 FIREHOSE_LEAN_POLL_S = 0.01
@@ -316,14 +317,16 @@ def _stored_forward_cts(out: str, run_id: str) -> dict:
 
 
 def run_firehose(*, quick: bool, workdir: str, tiny: bool = False, rate: float = 50_000.0, ranks: int = 4,
-                 batch: int = 256, max_records: int = FIREHOSE_MAX_RECORDS,
+                 batch: int = 256, max_records: int | None = None,
                  poll_interval: float = FIREHOSE_POLL_S, clear_at: int = 0,
                  prefix: str = "collect.firehose.", windows_on: int | None = None) -> dict:
     """The collector against the firehose: alone, then collected for a sustained period, then alone."""
     from bench.firehose import FirehoseProcess
 
-    if tiny:
-        rate, ranks, batch = 2_000.0, 2, 16
+    if tiny:  # a deque of two seconds: the smoke test checks every record arrives, not timing
+        rate, ranks, batch, max_records, poll_interval = 2_000.0, 2, 16, 128, 0.05
+    if max_records is None:  # ~FIREHOSE_DEQUE_S of each rank's steps: 32 records at 50k, 16 at 25k
+        max_records = max(FIREHOSE_LEAN_RECORDS, math.ceil(FIREHOSE_DEQUE_S * rate / (ranks * batch)))
     window_s = 1.0 if tiny else 3.0 if quick else 5.0
     n_off = 1 if tiny else 2 if quick else 4
     n_on = windows_on or (2 if tiny else 4 if quick else 24)  # sustained: 2 minutes at full settings
@@ -332,8 +335,6 @@ def run_firehose(*, quick: bool, workdir: str, tiny: bool = False, rate: float =
                  k + "poll_interval_s": poll_interval, k + "clear_at": clear_at}
     run_id = "bench-firehose"
     out = tempfile.mkdtemp(prefix="bench-firehose-", dir=workdir)
-    if tiny:  # a deque of two seconds: the smoke test checks every record arrives, not timing
-        max_records, poll_interval = 128, 0.05
     with FirehoseProcess(rate=rate, ranks=ranks, batch=batch, max_records=max_records,
                          pool=8 if tiny else 64) as hose:
         time.sleep(1.0 if tiny else 2.0)
