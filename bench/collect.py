@@ -49,17 +49,25 @@ the poll interval:
   gap; tried with SGLang's own 200,000-record deque and ``clear_at 8``: 3,732
   of ~8,600 forward_cts lost in 16 s, as the first poll read the whole backlog).
 
-The default (``FIREHOSE_MAX_RECORDS`` 32 per rank, ~0.65 s of records; poll
-interval 0.05 s; never clear) is what a user who must not lose records would
-run: the deque holds the collector's measured poll cycle (~0.5-0.6 s at this
-rate).  The full run also measures the other end (``collect.firehose.lean.*``:
-8 records, 0.01 s), whose encoding fits between two steps, and the default at
-12.5k and 25k request-steps/s (``collect.firehose.at_RATE.*``).  Neither meets every
-target here: the collector decodes ~60k request entries per CPU second
-(whole-body decode ~4 us, Arrow tables ~2 us, the sidecar's Prometheus
-aggregation ~4 us in the event loop, Parquet ~2-4 us per row, one interpreter
-lock), so it cannot re-read a deque with margin at 50k/s, and the server's
-encoding of that deque costs the step loop more than 1 %.
+The default (each rank's deque holds ``FIREHOSE_DEQUE_S`` = 0.65 s of its
+steps: 32 records at 50k; poll interval 0.05 s; never clear) is what a user who
+must not lose records would run: the deque holds the collector's poll cycle
+with margin as long as the collector keeps up (it polled every ~0.55 s at 50k
+on a machine at load 2, every ~1.1 s at load 5).  A real SGLang 0.5.23 deque is
+fixed at 200,000 records, so this setting needs a server whose deque size can
+be set (the emulator's ``--max-records``); on SGLang itself at this rate a
+collector must clear, with the losses above.  The full run also measures the
+other end (``collect.firehose.lean.*``: 8 records, 0.01 s polls), and the
+default at 12.5k and 25k request-steps/s (``collect.firehose.at_RATE.*``:
+there it stored every record with no gap, at a 0.6 % / 1.3 % slowdown, load 2-3).
+At 50k neither setting meets the targets on this machine: the collector
+handles ~55-70k request entries per CPU second (whole-body decode ~4 us, Arrow
+tables ~2 us, the sidecar's Prometheus aggregation ~4 us in the event loop,
+Parquet ~2-4 us per row, under one interpreter lock) and got 0.4-0.65 of a
+core on the shared machine, so it cannot re-read a deque with margin, the deque
+wraps (``deque_wrap`` gaps, each counted), and the server's encoding of 32k
+entries per poll (~70 ms of CPU, more when the OS deschedules it) stalls the
+step loop well past its slack.
 """
 
 from __future__ import annotations
