@@ -175,3 +175,34 @@ def test_the_grafana_dashboard_only_uses_metrics_the_sidecar_serves():
         getattr(metrics, name).labels(*labels).inc()
     served = {s.name for fam in metrics.registry.collect() for s in fam.samples}
     assert used and used <= served, used - served
+
+
+def test_sidecar_aggregates_equal_a_row_by_row_reference():
+    import doctest
+
+    import numpy as np
+    import pyarrow as pa
+
+    from collectors.sglang import metrics
+
+    assert doctest.testmod(metrics).failed == 0
+    rng = np.random.default_rng(0)
+    conf = [None if rng.random() < 0.2 else
+            [None if rng.random() < 0.05 else float(np.float32(x)) for x in rng.random(rng.integers(0, 9))]
+            for _ in range(3000)]
+    w = rng.integers(0, 7, 3000)
+    c = np.minimum(w, rng.integers(0, 7, 3000))
+    reqs = pa.table({"verify_len": pa.array(w + 1, pa.int16()), "correct_drafts": pa.array(c, pa.int16()),
+                     "acc_len": pa.array(c + 1, pa.int16()), "draft_tokens": [[1] * 6] * 3000,
+                     "confidence": pa.array(conf, pa.list_(pa.float32()))})
+    agg = metrics.aggregate_step_reqs(reqs, positions=8)
+    conf_sum, conf_n, reached = np.zeros(8), np.zeros(8, int), np.zeros(8, int)
+    for i, row in enumerate(conf):
+        for k in range(1, 9):
+            if w[i] >= k and c[i] >= k - 1:
+                reached[k - 1] += 1
+                if row is not None and k <= len(row) and row[k - 1] is not None:
+                    conf_sum[k - 1] += row[k - 1]
+                    conf_n[k - 1] += 1
+    assert agg["reached"].tolist() == reached.tolist() and agg["conf_n"].tolist() == conf_n.tolist()
+    assert np.allclose(agg["conf_sum"], conf_sum)
