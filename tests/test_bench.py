@@ -47,6 +47,19 @@ def test_the_fast_decoder_gives_the_reference_rows(body):
         assert a.equals(b)
 
 
+def test_records_read_before_skip_their_lists_and_the_rest_read_the_same(body):
+    data = body.read_bytes()
+    full = decode.decode_server_info(data).ranks[0].records
+    mark = full[2].forward_ct
+    hinted = decode.decode_server_info(data, {0: mark}).ranks[0].records
+    assert [decode.lists_skipped(r) for r in hinted] == [r.forward_ct <= mark for r in full]
+    new_hinted = [r for r in hinted if r.forward_ct > mark]
+    new_full = [r for r in full if r.forward_ct > mark]
+    for a, b in zip(decode.records_to_tables(new_hinted, dp_rank=0, segment=0),
+                    decode.records_to_tables(new_full, dp_rank=0, segment=0)):
+        assert a.equals(b)
+
+
 @pytest.mark.parametrize("edit", [
     lambda q: q.update(confidence=None),
     lambda q: q.update(confidence=[]),

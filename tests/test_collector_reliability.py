@@ -101,6 +101,11 @@ def test_an_emulator_restart_is_counted_exactly(tmp_path, hooked_emulator):
     assert {f for s, f in got if s == 0} == {f for f in old if f <= hw}        # before: all of it
     assert all(f > hw for f in old - {f for s, f in got if s == 0})           # lost: only the unread tail
     assert {f for s, f in got if s == 1} == {f for f, _ in second.ranks[0].dumper.produced}
+    # the new segment's forward_cts were read before in the old one: its rows are whole all the same
+    assert col.summary.dead_letters == 0
+    reqs = store.read("step_reqs", "r").to_pylist()
+    assert {(r["segment"], r["rid"]) for r in reqs} >= {(1, "c")}
+    assert all(len(r["draft_tokens"]) == 6 and r["confidence"] for r in reqs if r["segment"] == 1)
 
 
 class _StuckStore(Store):

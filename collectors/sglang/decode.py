@@ -26,7 +26,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 import msgspec
 import numpy as np
@@ -193,15 +193,28 @@ class PayloadError(ValueError):
     """The body is not a ``/server_info`` response at all."""
 
 
-def decode_server_info(body: bytes) -> ServerInfoPayload:
-    """Decode a ``/server_info`` body; raise ``PayloadError`` if it is unusable."""
-    fast = _decode_fast(body)
+def decode_server_info(body: bytes, read_through: Optional[Mapping[int, int]] = None) -> ServerInfoPayload:
+    """Decode a ``/server_info`` body; raise ``PayloadError`` if it is unusable.
+
+    ``read_through`` maps a DP rank to the last ``forward_ct`` already stored:
+    each poll returns the whole deque, so most records were read before, and
+    the fast path then skips parsing their lists (their scalars are decoded as
+    usual; :func:`lists_skipped` tells such a record, which must not be turned
+    into rows — decode the body again without the hint if one is needed).
+    """
+    fast = _decode_fast(body, read_through)
     if fast is not None:
         return fast
     return _decode_reference(body)
 
 
-def _decode_fast(body: bytes) -> Optional[ServerInfoPayload]:
+def lists_skipped(record: Any) -> bool:
+    """True for a record whose lists :func:`decode_server_info` skipped under ``read_through``."""
+    state = getattr(record, "__dict__", None)
+    return state is not None and state.get("_lists", ()) is None
+
+
+def _decode_fast(body: bytes, read_through: Optional[Mapping[int, int]] = None) -> Optional[ServerInfoPayload]:
     """The whole body in one pass, or None when only the reference path may read it."""
     try:
         info = _fast_decoder.decode(body)
@@ -215,7 +228,7 @@ def _decode_fast(body: bytes) -> Optional[ServerInfoPayload]:
             ranks.append(RankPayload(i, "", 0, []))
             continue
         has_dspark = True
-        if not _attach_lists(payload.records):
+        if not _attach_lists(payload.records, read_through.get(i) if read_through else None):
             return None
         ranks.append(RankPayload(i, payload.mode, payload.gamma, payload.records, [], tuple(payload.components), []))
     return ServerInfoPayload(info.startup_time, info.version, ranks, has_dspark)
@@ -291,8 +304,16 @@ def _parse_lists(raws: list[msgspec.Raw], *, integers: bool) -> Optional[tuple[n
 _LIST_FIELDS = ("draft_tokens", "confidence", "survival")
 
 
-def _attach_lists(records: list[_FastRecord]) -> bool:
-    """Parse every list of a rank in bulk and hand each record its rows' slices."""
+def _attach_lists(records: list[_FastRecord], read_through: Optional[int] = None) -> bool:
+    """Parse every list of a rank in bulk and hand each record its rows' slices.
+
+    Records at or below ``read_through`` (already stored) get ``None`` instead.
+    """
+    if read_through is not None:
+        for rec in records:
+            if rec.forward_ct <= read_through:
+                rec.__dict__["_lists"] = None
+        records = [r for r in records if r.forward_ct > read_through]
     rows = [len(r.reqs) if r.reqs else 0 for r in records]
     reqs = [q for r in records if r.reqs for q in r.reqs]
     parsed = {}

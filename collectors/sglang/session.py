@@ -26,7 +26,8 @@ import httpx
 import pyarrow as pa
 
 from collectors.sglang.cursor import ForwardCursor, Gap
-from collectors.sglang.decode import PayloadError, decode_server_info, records_to_tables_safe, server_args
+from collectors.sglang.decode import (PayloadError, decode_server_info, lists_skipped, records_to_tables_safe,
+                                      server_args)
 from collectors.sglang.driver import DriveSpec, PlannedRequest, drive
 from collectors.sglang.metrics import SidecarMetrics
 from collectors.sglang.writer import BufferedWriter
@@ -226,8 +227,9 @@ class Collector:
             self.metrics.poll_errors.inc()
             self._dead_letter("/server_info", f"poll failed: {type(exc).__name__}: {exc}", None)
             return
+        read_through = {dp: cur.high_water for dp, cur in self.cursor.ranks.items() if cur.high_water > 0}
         try:
-            info = await asyncio.to_thread(decode_server_info, body)
+            info = await asyncio.to_thread(decode_server_info, body, read_through)
         except PayloadError as exc:
             self.summary.poll_errors += 1
             self.metrics.poll_errors.inc()
@@ -235,14 +237,21 @@ class Collector:
             return
         self.summary.polls += 1
         self.metrics.on_poll(time.monotonic() - t0)
-        await self._process(info)
+        await self._process(info, body)
         held = max((len(r.records) + len(r.dead) for r in info.ranks), default=0)
         if self.opts.clear_at and held >= self.opts.clear_at:
             await self._clear(client)
 
-    async def _process(self, info) -> None:
+    async def _process(self, info, body: Optional[bytes] = None) -> None:
         """Advance the cursor over one decoded body and queue its new rows, gaps and dead letters."""
         delta = self.cursor.advance(info)
+        if body is not None and any(lists_skipped(r) for recs in delta.new.values() for r in recs):
+            # a restart made already-read forward_cts new again: read the body in full
+            info = await asyncio.to_thread(decode_server_info, body)
+            by_rank = {rank.dp_rank: rank for rank in info.ranks}
+            for dp_rank, recs in delta.new.items():
+                wanted = {r.forward_ct for r in recs}
+                delta.new[dp_rank] = [r for r in by_rank[dp_rank].records if r.forward_ct in wanted]
         for rank in info.ranks:
             for reason, raw in rank.dead:
                 self._dead_letter("/server_info", reason, raw)
