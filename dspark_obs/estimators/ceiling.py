@@ -309,14 +309,17 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     whole requests (about ``chunk_rows`` steps, default 150k) at a time, and the
     per-step results go to the store chunk by chunk.  Every per-step value is
     what one pass over the whole run gives, and so are the summary and its
-    bootstrap (accumulated from per-request totals) and the validation.  One
-    exception, for runs of more than ``fit_rows`` steps (default 200k): the
-    acceptance model behind ``mid`` of temperature steps (and the stand-in
-    ``a_k`` of ``method="sglang"`` where a confidence is missing) is fitted on a
-    sample of whole requests chosen by a hash of their rid (the same sample for
-    the same run), not on every verified draft.  ``lo``/``hi``, the categories
-    and every greedy value do not depend on the fit.  ``progress(done_steps,
-    total_steps)`` is called after each chunk.
+    bootstrap (accumulated from per-request totals) and the validation (its
+    ``all_steps`` row is summed chunk by chunk, so its means may differ from one
+    pass in the last digits).  One exception, for runs of more than ``fit_rows``
+    steps (default 200k): the acceptance model behind ``mid`` (the temperature
+    drafts, and the unverifiable tail of a step whose output ran out) and the
+    stand-in ``a_k`` of ``method="sglang"`` where a confidence is missing is
+    fitted on a sample of whole requests chosen by a hash of their rid (the same
+    sample for the same run), not on every verified draft.  ``lo``/``hi``
+    (``method="default"``), the categories and greedy ``mid`` wherever the
+    output speaks for the whole block do not depend on the fit.
+    ``progress(done_steps, total_steps)`` is called after each chunk.
     """
     from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
     from dspark_obs.estimators.ceiling_io import run_estimate
