@@ -248,10 +248,10 @@ def run_emulator(*, quick: bool, workdir: str, tiny: bool = False) -> dict:
         finally:
             loadgen.send_signal(signal.SIGTERM)
             try:
-                lg_out, _ = loadgen.communicate(timeout=30)
+                loadgen.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 loadgen.kill()
-                lg_out = ""
+                loadgen.wait()
     without = before + after
     res["collect.step_loop_rate_without"] = round(statistics.median(without))
     res["collect.step_loop_rate_with"] = round(statistics.median(during))

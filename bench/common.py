@@ -22,6 +22,43 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def full_batch_payload(*, records: int, batch: int, gamma: int, max_records: int, seed: int = 0,
+                       tag: str = "request") -> dict:
+    """One rank's ``dspark_info_record`` from the emulator's engine: its last ``records`` full-batch steps.
+
+    Closed loop at ``batch`` requests (greedy and temperature 0.7 alternating,
+    workloads in turn), stepped until the deque (``max_records``) holds enough
+    decode steps at full batch; the ingest body and the firehose's pool both
+    start from here.
+    """
+    from dspark_obs.emulator.engine import Engine, EngineConfig, GenerateRequest
+
+    workloads = ("gsm8k", "arena-hard", "poetry")
+    eng = Engine(EngineConfig(mode="compact", seed=seed, gamma=gamma, max_running_requests=batch,
+                              max_records=max_records))
+    count = [0]
+    live: set = set()
+
+    def top() -> None:
+        while len(live) < batch:
+            i = count[0]
+            count[0] += 1
+            w = workloads[i % 3]
+            fut = eng.submit(GenerateRequest(rid=f"{w}-{i:06d}", text=f"[{w}] {tag} {i}",
+                                             temperature=0.0 if i % 2 else 0.7, max_new_tokens=1024,
+                                             sampling_seed=i))
+            live.add(fut)
+            fut.add_done_callback(live.discard)
+
+    top()
+    while sum(1 for r in eng.ranks[0].dumper._records if r.get("bs") == batch) < records:
+        eng.step()
+        top()
+    payload = eng.dump()[0]
+    payload["records"] = [r for r in payload["records"] if r.get("bs") == batch][-records:]
+    return payload
+
+
 def stats(values: list[float]) -> dict[str, float]:
     """Median, min and max of repeated measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}

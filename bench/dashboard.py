@@ -59,8 +59,7 @@ def _start(data: str, *, floor: bool = False) -> tuple[subprocess.Popen, str]:
 
     port = _free_port()
     if floor:
-        cmd = streamlit_command(data, port=port)
-        cmd[cmd.index("run") + 1] = str(Path(__file__).with_name("dashboard_floor.py"))
+        cmd = streamlit_command(data, port=port, app=Path(__file__).with_name("dashboard_floor.py"))
         env = streamlit_env(data)
     else:
         cmd, env = [sys.executable, "-m", "dspark_obs.cli", "dashboard", "--data", data, "--port", str(port)], None

@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -45,6 +43,7 @@ import msgspec  # noqa: E402
 import numpy as np  # noqa: E402
 
 from dspark_obs.emulator.dumper import _DEFAULTS, InfoDumper  # noqa: E402
+from dspark_obs.emulator.server import SubprocessServer  # noqa: E402
 
 GAMMA = 6
 # Lateness histogram bounds, ms (cumulative counts, so windows are differences).
@@ -58,29 +57,10 @@ def build_pool(*, records: int, batch: int, seed: int = 0) -> list[dict]:
     Each is a step dict (every field, defaults filled back in, no ``forward_ct``
     and no ``step_cpu_ms``: the dumper stamps its own clock gap).
     """
-    from dspark_obs.emulator.engine import Engine, EngineConfig, GenerateRequest
+    from bench.common import full_batch_payload
 
-    eng = Engine(EngineConfig(mode="compact", seed=seed, gamma=GAMMA, max_running_requests=batch,
-                              max_records=4 * records + 64))
-    count = [0]
-    live: set = set()
-
-    def top() -> None:
-        while len(live) < batch:
-            i = count[0]
-            count[0] += 1
-            fut = eng.submit(GenerateRequest(rid=f"{_W[i % 3]}-{i:06d}", text=f"[{_W[i % 3]}] firehose {i}",
-                                             temperature=0.0 if i % 2 else 0.7, max_new_tokens=1024,
-                                             sampling_seed=i))
-            live.add(fut)
-            fut.add_done_callback(live.discard)
-
-    dumper = eng.ranks[0].dumper
-    top()
-    while sum(1 for r in dumper._records if r.get("bs") == batch) < records:
-        eng.step()
-        top()
-    full = [r for r in eng.dump()[0]["records"] if r.get("bs") == batch][-records:]
+    full = full_batch_payload(records=records, batch=batch, gamma=GAMMA, max_records=4 * records + 64, seed=seed,
+                              tag="firehose")["records"]
     pool = []
     for rec in full:
         step = {**_DEFAULTS, **rec}
@@ -266,58 +246,22 @@ def make_app(hose: Firehose, *, port: int):
     ], lifespan=lifespan)
 
 
-class FirehoseProcess:
+class FirehoseProcess(SubprocessServer):
     """``python -m bench.firehose`` as a child process (its own interpreter, as a server runs)."""
+
+    name = "firehose"
+    module = ("bench.firehose",)
+    cwd = str(ROOT)
+    stop_timeout = 30.0
 
     def __init__(self, *, rate: float, ranks: int, batch: int, max_records: int, pool: int,
                  host: str = "127.0.0.1", startup_timeout: float = 120.0) -> None:
-        self.opts = {"rate": rate, "ranks": ranks, "batch": batch, "max_records": max_records, "pool": pool}
-        self.host, self.startup_timeout = host, startup_timeout
-        self.port = 0
-        self._proc: Optional[subprocess.Popen] = None
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        super().__init__(host=host, startup_timeout=startup_timeout, rate=rate, ranks=ranks, batch=batch,
+                         max_records=max_records, pool=pool)
 
     @property
     def pid(self) -> int:
         return self._proc.pid if self._proc else -1
-
-    def __enter__(self) -> "FirehoseProcess":
-        import socket
-
-        import httpx
-
-        with socket.socket() as sock:
-            sock.bind((self.host, 0))
-            self.port = sock.getsockname()[1]
-        cmd = [sys.executable, "-m", "bench.firehose", "--host", self.host, "--port", str(self.port)]
-        for k, v in self.opts.items():
-            cmd += [f"--{k.replace('_', '-')}", str(v)]
-        self._proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + self.startup_timeout
-        while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
-                err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
-                raise RuntimeError(f"firehose exited with {self._proc.returncode}: {err.strip()[-2000:]}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
-        self.__exit__()
-        raise RuntimeError(f"firehose did not answer {self.url}/health within {self.startup_timeout:.0f} s")
-
-    def __exit__(self, *exc: object) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()  # SIGTERM: uvicorn shuts down cleanly
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
 
 
 def main(argv: Optional[list[str]] = None) -> int:

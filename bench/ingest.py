@@ -21,40 +21,17 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import measure, run_child, stats
+from bench.common import full_batch_payload, measure, run_child, stats
 
 GAMMA = 6
 BATCH = 256
-_W = ("gsm8k", "arena-hard", "poetry")
 
 
 def make_body(path: str, *, records: int, batch: int = BATCH, seed: int = 0) -> dict:
     """Write one ``/server_info`` body with ``records`` full-batch decode records to ``path``."""
     import msgspec
 
-    from dspark_obs.emulator.engine import Engine, EngineConfig, GenerateRequest
-
-    eng = Engine(EngineConfig(mode="compact", seed=seed, gamma=GAMMA, max_running_requests=batch,
-                              max_records=records + 64))
-    count = [0]
-    live: set = set()
-
-    def top() -> None:
-        while len(live) < batch:
-            i = count[0]
-            count[0] += 1
-            fut = eng.submit(GenerateRequest(rid=f"{_W[i % 3]}-{i:06d}", text=f"[{_W[i % 3]}] request {i}",
-                                             temperature=0.0 if i % 2 else 0.7, max_new_tokens=1024,
-                                             sampling_seed=i))
-            live.add(fut)
-            fut.add_done_callback(live.discard)
-
-    top()
-    while sum(1 for r in eng.ranks[0].dumper._records if r.get("bs") == batch) < records:
-        eng.step()
-        top()
-    payload = eng.dump()[0]
-    payload["records"] = [r for r in payload["records"] if r.get("bs") == batch][-records:]
+    payload = full_batch_payload(records=records, batch=batch, gamma=GAMMA, max_records=records + 64, seed=seed)
     body = {"internal_states": [{"dspark_info_record": payload, "avg_spec_accept_length": 3.2}],
             "version": "0.5.23", "startup_time": 1.0}
     data = msgspec.json.encode(body)

@@ -25,10 +25,11 @@ APP_PATH = Path(__file__).resolve().parents[1] / "ui" / "app.py"
 _console = Console(stderr=True)
 
 
-def streamlit_command(data_root: str | Path, host: str = "127.0.0.1", port: int = 8501) -> list[str]:
-    """The ``streamlit run`` command line that serves the dashboard on ``data_root``."""
+def streamlit_command(data_root: str | Path, host: str = "127.0.0.1", port: int = 8501, *,
+                      app: str | Path = APP_PATH) -> list[str]:
+    """The ``streamlit run`` command line that serves the dashboard (or another ``app``) on ``data_root``."""
     return [
-        sys.executable, "-m", "streamlit", "run", str(APP_PATH),
+        sys.executable, "-m", "streamlit", "run", str(app),
         "--server.address", host, "--server.port", str(port), "--server.headless", "true",
         "--server.fileWatcherType", "none", "--server.runOnSave", "false",
         "--browser.gatherUsageStats", "false", "--client.showErrorDetails", "type",

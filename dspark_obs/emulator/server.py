@@ -377,6 +377,11 @@ class SubprocessServer:
     milliseconds, which lockstep batching relies on.
     """
 
+    name = "emulator"
+    module: tuple[str, ...] = ("dspark_obs.cli", "emulate")  # python -m ...; takes --host, --port, the options
+    cwd: Optional[str] = None
+    stop_timeout = 15.0
+
     def __init__(self, *, host: str = "127.0.0.1", startup_timeout: float = 60.0, **options: Any) -> None:
         self.host, self.startup_timeout, self.options = host, startup_timeout, options
         self.port = 0
@@ -394,15 +399,15 @@ class SubprocessServer:
         with socket.socket() as sock:
             sock.bind((self.host, 0))
             self.port = sock.getsockname()[1]
-        args = [sys.executable, "-m", "dspark_obs.cli", "emulate", "--host", self.host, "--port", str(self.port)]
+        args = [sys.executable, "-m", *self.module, "--host", self.host, "--port", str(self.port)]
         for name, value in self.options.items():
             args += [f"--{name.replace('_', '-')}", str(value)]
-        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self._proc = subprocess.Popen(args, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 err = self._proc.stderr.read().decode(errors="replace") if self._proc.stderr else ""
-                raise RuntimeError(f"emulator exited with {self._proc.returncode}: {err.strip()[-2000:]}")
+                raise RuntimeError(f"{self.name} exited with {self._proc.returncode}: {err.strip()[-2000:]}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1.0).status_code == 200:
                     return self
@@ -410,13 +415,13 @@ class SubprocessServer:
                 pass
             time.sleep(0.05)
         self.stop()
-        raise RuntimeError(f"emulator did not answer {self.url}/health within {self.startup_timeout:.0f} s")
+        raise RuntimeError(f"{self.name} did not answer {self.url}/health within {self.startup_timeout:.0f} s")
 
     def stop(self) -> None:
         if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
+            self._proc.terminate()  # SIGTERM: uvicorn shuts down cleanly
             try:
-                self._proc.wait(timeout=15)
+                self._proc.wait(timeout=self.stop_timeout)
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()

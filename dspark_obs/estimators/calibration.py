@@ -598,7 +598,7 @@ def events_query(con, run_id: str, *, labels: str = "observed",
             f"run {run_id!r} is a {mode} run: it verified whole blocks, so its own labels are the "
             f"full-block truth; use labels 'observed' (--labels observed) instead of {labels!r}")
     params: dict[str, Any] = {"run": run_id}
-    extra, join, source, notes = "", "", run_id, []
+    extra, join, source = "", "", run_id
     if labels == "companion":
         companion = companion or pairing.companion_of(con, run_id)
         if companion is None:
