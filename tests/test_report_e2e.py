@@ -252,8 +252,8 @@ def test_the_html_renders_its_charts_offline_in_chromium(good):
     assert title.startswith("DSpark nightly report: PASS")
 
 
-def test_the_sts_refit_is_evaluated_and_a_recommendation_writes_sglangs_file(bad, tmp_path):
-    from dspark_obs.estimators.sts import StsCalibration, StsFit
+def test_the_sts_refit_is_evaluated_and_a_recommendation_writes_sglangs_file(store_root, bad, tmp_path):
+    from dspark_obs.estimators.sts import StsCalibration, StsFit, fit_sts_run
     from dspark_obs.report.build import _sts_rows
     from dspark_obs.report.model import Figure, ThresholdVerdict
     from dspark_obs.report.render_md import render_markdown
@@ -263,9 +263,17 @@ def test_the_sts_refit_is_evaluated_and_a_recommendation_writes_sglangs_file(bad
     summary = json.loads((out / "summary.json").read_text())
     (sts,) = summary["sts"]
     assert sts["run_id"] == "night-bad" and not sts["recommended"] and sts["file"] is None
-    # the head's logits were halved: T ~ 2 undoes it (the deepest positions have few labels, so a looser bound there)
+    # The head's logits were doubled: T ~ 2 undoes it.  The fit is sequential (T_k minimises the ECE of S_k
+    # with T_1..T_{k-1} fixed), so on 36 requests one position's overshoot is paid back by a later one: the
+    # scale S_k sees -- the geometric mean of T_1..T_k -- stays near 2 at every depth, and the fitted
+    # survivals are better calibrated than the recorded ones at every position.
     temps = sts["temperatures"]
-    assert 1.6 < statistics.median(temps) < 2.6 and all(1.3 < t < 3.0 for t in temps), temps
+    assert 1.6 < statistics.median(temps) < 2.6, temps
+    cumulative = [statistics.geometric_mean(temps[:k]) for k in range(1, len(temps) + 1)]
+    assert all(1.5 < t < 2.7 for t in cumulative), (temps, cumulative)
+    refit = fit_sts_run(store_root, "night-bad", labels=summary["runs"][0]["labels"])
+    assert refit.temperatures == pytest.approx(temps)
+    assert all(after < reported for after, reported in zip(refit.ece_after, refit.ece_reported)), refit
     gain = next(f for f in summary["figures"] if f["metric"] == "sts_predicted_gain")
     assert gain["detail"]["conformance"] == 1.0 and gain["threshold"]["verdict"] == "pass"
 

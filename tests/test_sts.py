@@ -156,7 +156,9 @@ def emulated(tmp_path_factory):
     spec = DriveSpec(["gsm8k", "arena-hard", "poetry"], 60, concurrency=24, temperature=0.7,
                      max_new_tokens=200, seed=1)
     for run, served in (("mis", None), ("mis-sts", (SERVED_STS,) * 6)):
-        cfg = EngineConfig(mode="cap-accept", seed=1, head_temperature=(HEAD_T,) * 6, sts_temperatures=served)
+        # lockstep: batches form as the driver's closed loop says, not as the machine's load times them
+        cfg = EngineConfig(mode="cap-accept", seed=1, head_temperature=(HEAD_T,) * 6, sts_temperatures=served,
+                           lockstep_concurrency=24)
         with BackgroundServer(cfg) as server:
             collect(store, CollectOptions(url=server.url, run_id=run, poll_interval=0.2, flush_interval=1.0,
                                           drive=spec))
