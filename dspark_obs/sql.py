@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 SQL_DIR = Path(__file__).with_name("sql")
+MACRO_DIR = SQL_DIR / "macros"
 _ROOT_VAR = "dspark_obs_root"
 _FILLED_VAR = "dspark_obs_filled"  # tables whose view reads files (the rest are empty views)
 _READ_ONLY_VAR = "dspark_obs_read_only"
@@ -56,14 +57,16 @@ def _quote_literal(text: str) -> str:
 # -- connection and views ----------------------------------------------------
 
 def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB with one view per store table, plus ``step_reqs_w``.
+    """An in-memory DuckDB with one view per store table, plus ``step_reqs_w`` and table macros.
 
     Views glob ``<root>/<table>/*/part-*.parquet`` when queried, so files
     committed later are seen; a table without files is an empty view with the
     schema's columns (and ``run_id``) until :func:`refresh` finds files —
     :func:`query` refreshes before each query.  ``step_reqs_w`` is
     ``step_reqs`` with the request's ``workload`` and ``temperature`` and
-    ``"window" = verify_len - 1``.
+    ``"window" = verify_len - 1``.  The table macros of ``sql/macros/``
+    (``request_index``, ``request_windows``, ``ceiling_request_windows``) are
+    the building blocks the canned queries share.
 
     ``read_only=True`` limits file access to ``root`` and locks the
     configuration; :func:`query` then accepts only SELECT, EXPLAIN and PRAGMA.
@@ -87,6 +90,8 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     con.execute(f"SET VARIABLE {_FILLED_VAR} = []::VARCHAR[]")
     con.execute(f"SET VARIABLE {_READ_ONLY_VAR} = {str(read_only).lower()}")
     refresh(con)
+    for path in sorted(MACRO_DIR.glob("*.sql")):  # table macros over the views (bound when called)
+        con.execute(path.read_text())
     if read_only and not remote:
         con.execute(f"SET allowed_directories = [{_quote_literal(root_text + '/')}]")
         con.execute("SET enable_external_access = false")
