@@ -133,6 +133,22 @@ def test_step_reqs_w_joins_workload_and_window(con):
         ("a", "math", 3), ("a", "math", 2), ("a", "math", 1), ("a", "math", 3), ("b", "poetry", 0)]
 
 
+def test_request_windows_macro_sums_per_request_and_window_and_filters(con):
+    q = ('SELECT rid, "window", n, acc, all_accepted, workload, mode, gamma, exact_tokens '
+         'FROM request_windows($runs, $workloads, NULL, NULL, NULL) ORDER BY rid, "window"')
+    got = [tuple(r.values()) for r in rows(sql.query(con, q, {"runs": ["r1"], "workloads": None}))]
+    assert got == [  # compact: no exact full-block tokens
+        ("a", 1, 1, 1, 0, "math", "compact", GAMMA, None),
+        ("a", 2, 1, 2, 0, "math", "compact", GAMMA, None),
+        ("a", 3, 2, 5, 1, "math", "compact", GAMMA, None),  # fct 1 (3 accepted) + fct 4 (none)
+        ("b", 0, 1, 1, 1, "poetry", "compact", GAMMA, None),
+    ]
+    only = rows(sql.query(con, q, {"runs": None, "workloads": ["poetry"]}))
+    assert [(r["rid"], r["window"]) for r in only] == [("b", 0)]
+    assert rows(sql.query(con, "SELECT count(*) AS n FROM ceiling_request_windows(NULL, NULL, NULL, NULL, NULL)")
+                ) == [{"n": 0}]  # no estimate yet: the macro reads the empty ceiling view
+
+
 # -- canned queries ------------------------------------------------------------
 
 def test_canned_query_headers_declare_params_and_output_columns(tmp_path):
