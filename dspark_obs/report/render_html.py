@@ -14,7 +14,7 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 from dspark_obs.report.metrics import SECTION_TITLES
-from dspark_obs.report.text import VERDICT_WORDS
+from dspark_obs.report.text import counts_line, fmt_ci, fmt_limit, fmt_p, fmt_value, run_line, where, word
 
 __all__ = ["render_html"]
 
@@ -45,47 +45,16 @@ def _e(x) -> str:
     return html.escape("" if x is None else str(x))
 
 
-def _v(x, unit: str) -> str:
-    if x is None:
-        return "-"
-    if unit == "count":
-        return f"{x:.0f}"
-    return f"{x:.2f}" if unit in ("tokens", "drafts") else f"{x:.3f}"
-
-
-def _ci(f: dict) -> str:
-    lo, hi = f["ci"]["low"], f["ci"]["high"]
-    return "" if lo is None or hi is None else f"[{_v(lo, f['unit'])}, {_v(hi, f['unit'])}]"
-
-
-def _limit(f: dict) -> str:
-    t = f["threshold"]
-    if not t or t["kind"] is None:
-        return "-"
-    return f"{'≤' if t['kind'] == 'max' else '≥'} {t['limit']:g}" + (" (CI)" if t["basis"] == "ci" else "") + (
-        "" if t["in_scope"] or t["gate"] == "off" else " (warn only)")
-
-
-def _p(x) -> str:
-    return "-" if x is None else ("<0.001" if x < 0.001 else f"{x:.3f}")
-
-
 def _drift_cells(f: dict) -> list[tuple[str, str]]:
     d = f["drift"]
     if not d or d["verdict"] == "not_tested":
         return [("-", ""), ("-", ""), ("-", ""), ("-", "")]
     if d["delta"] is None:
-        word = VERDICT_WORDS.get(d["verdict"], d["verdict"])
-        return [("-", ""), ("-", ""), ("-", ""), (word, "")]
+        return [("-", ""), ("-", ""), ("-", ""), (word(d["verdict"]), "")]
     lo, hi = d["delta_ci"]["low"], d["delta_ci"]["high"]
     delta = f"{d['delta']:+.3g}" + (f" [{lo:+.3g}, {hi:+.3g}]" if lo is not None and hi is not None else "")
-    return [(_v(d["baseline_value"], f["unit"]), ""), (delta, ""), (_p(d["q_value"]), ""),
-            (VERDICT_WORDS.get(d["verdict"], d["verdict"]), f"v-{d['verdict']}")]
-
-
-def _where(f: dict) -> str:
-    parts = [p for p in (f["workload"], f"k{f['position']}" if f["position"] is not None else None) if p]
-    return "/".join(parts) or "run"
+    return [(fmt_value(d["baseline_value"], f["unit"]), ""), (delta, ""), (fmt_p(d["q_value"]), ""),
+            (word(d["verdict"]), f"v-{d['verdict']}")]
 
 
 def _figure_table(figs: list[dict]) -> str:
@@ -97,11 +66,11 @@ def _figure_table(figs: list[dict]) -> str:
         t = f["threshold"]
         tv = t["verdict"] if t else "none"
         cells = [f"<td class=l>{_e(f['run_id'])}</td>", f"<td class=l title='{_e(f['metric'])}'>{_e(f['title'])}</td>",
-                 f"<td class=l>{_e(_where(f))}</td>", f"<td>{_e(f['n'] if f['n'] is not None else '-')}</td>",
-                 f"<td>{_e(_v(f['value'], f['unit']))}</td>", f"<td>{_e(_ci(f))}</td>", f"<td>{_e(_limit(f))}</td>",
-                 f"<td class='v-{tv}'>{_e(VERDICT_WORDS.get(tv, tv))}</td>"]
+                 f"<td class=l>{_e(where(f))}</td>", f"<td>{_e(f['n'] if f['n'] is not None else '-')}</td>",
+                 f"<td>{_e(fmt_value(f['value'], f['unit']))}</td>", f"<td>{_e(fmt_ci(f))}</td>",
+                 f"<td>{_e(fmt_limit(f, symbols=True))}</td>", f"<td class='v-{tv}'>{_e(word(tv))}</td>"]
         cells += [f"<td class='{cls}'>{_e(text)}</td>" for text, cls in _drift_cells(f)]
-        cells.append(f"<td class='v-{f['verdict']}'>{_e(VERDICT_WORDS.get(f['verdict'], f['verdict']))}</td>")
+        cells.append(f"<td class='v-{f['verdict']}'>{_e(word(f['verdict']))}</td>")
         rows.append("<tr>" + "".join(cells) + "</tr>")
     return f"<table>{head}{''.join(rows)}</table>"
 
@@ -148,14 +117,10 @@ def render_html(summary: dict, charts: list, pngs: dict[str, str] | None = None)
     meta = [("generated", f"{summary['generated_at']} · report {summary['report_id']}"), ("data", summary["data"]),
             ("window", f"started in the last {w['since']} ({w['start']} – {w['end']})" if w["kind"] == "since"
              else "runs named with --run"),
-            ("runs", "; ".join(f"{r['run_id']} ({r['mode']}, {r['request_steps']} request-steps"
-                               + (f", companion {r['companion']}" if r.get("companion") else "")
-                               + (f", {r['labels']} labels" if r.get("labels") else "") + ")"
-                               for r in summary["runs"])),
+            ("runs", "; ".join(run_line(r) for r in summary["runs"])),
             ("baseline", ", ".join(b["run_id"] for b in base["runs"]) if base and base["runs"] else "none"),
             ("thresholds", f"{summary['thresholds']['source']} · drift FDR {summary['thresholds']['fdr']:g}"),
-            ("figures", f"{c['figures']}: pass {c['pass']}, warn {c['warn']}, fail {c['fail']}, info {c['info']}, "
-                        f"too few samples {c['insufficient']}")]
+            ("figures", counts_line(c))]
     parts.append("<table class=meta>" + "".join(f"<tr><th class=l>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in meta)
                  + "</table>")
     for section in ("calibration", "ceiling", "estimator", "costmodel", "collection", "sts"):

@@ -9,50 +9,12 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dspark_obs.report.metrics import METRICS, SECTION_TITLES
-from dspark_obs.report.text import VERDICT_WORDS
+from dspark_obs.report.text import (VERDICT_WORDS, counts_line, fmt_ci, fmt_delta, fmt_limit, fmt_p,
+                                    fmt_value, run_line, where, word)
 
 __all__ = ["render_markdown"]
 
 _MAX_ROWS = 40
-
-
-def _v(x, unit: str) -> str:
-    if x is None:
-        return "-"
-    if unit == "count":
-        return f"{x:.0f}"
-    return f"{x:.2f}" if unit in ("tokens", "drafts") else f"{x:.3f}"
-
-
-def _ci(f: dict) -> str:
-    lo, hi = f["ci"]["low"], f["ci"]["high"]
-    return "" if lo is None or hi is None else f" [{_v(lo, f['unit'])}, {_v(hi, f['unit'])}]"
-
-
-def _limit(f: dict) -> str:
-    t = f["threshold"]
-    if not t or t["kind"] is None:
-        return "-"
-    return f"{'<=' if t['kind'] == 'max' else '>='} {t['limit']:g}"
-
-
-def _p(x) -> str:
-    return "-" if x is None else ("<0.001" if x < 0.001 else f"{x:.3f}")
-
-
-def _drift(f: dict) -> str:
-    d = f["drift"]
-    if not d or d["verdict"] == "not_tested":
-        return "-"
-    if d["delta"] is None or d["verdict"] in ("no_baseline", "insufficient"):
-        return VERDICT_WORDS.get(d["verdict"], d["verdict"])
-    delta = f"{d['delta']:+.2f}" if f["unit"] in ("tokens", "drafts", "count") else f"{d['delta']:+.3f}"
-    return f"{delta} q={_p(d['q_value'])} {VERDICT_WORDS.get(d['verdict'], d['verdict'])}"
-
-
-def _where(f: dict) -> str:
-    parts = [p for p in (f["workload"], f"k{f['position']}" if f["position"] is not None else None) if p]
-    return "/".join(parts) or "run"
 
 
 def _table(header: list[str], rows: list[list[str]], limit: int = _MAX_ROWS) -> list[str]:
@@ -63,18 +25,23 @@ def _table(header: list[str], rows: list[list[str]], limit: int = _MAX_ROWS) -> 
     return out + [""]
 
 
-def _run_line(r: dict) -> str:
-    bits = [r["mode"] or "mode unknown", f"gamma {r['gamma']}" if r.get("gamma") else None,
-            f"{r['steps']} steps", f"{r['request_steps']} request-steps", f"{r['requests']} requests",
-            f"started {r['started_at']}" if r.get("started_at") else None,
-            f"companion {r['companion']}" if r.get("companion") else None,
-            f"{r['labels']} labels" if r.get("labels") else None]
-    return f"{r['run_id']} (" + ", ".join(b for b in bits if b) + ")"
-
-
 def _figure_rows(figs: list[dict]) -> list[list[str]]:
-    return [[f["run_id"], f["metric"], _where(f), _v(f["value"], f["unit"]) + _ci(f), _limit(f), _drift(f),
-             VERDICT_WORDS.get(f["verdict"], f["verdict"])] for f in figs]
+    return [[f["run_id"], f["metric"], where(f), _value_ci(f), fmt_limit(f), _drift(f), word(f["verdict"])]
+            for f in figs]
+
+
+def _value_ci(f: dict) -> str:
+    ci = fmt_ci(f)
+    return fmt_value(f["value"], f["unit"]) + (f" {ci}" if ci else "")
+
+
+def _drift(f: dict) -> str:
+    d = f["drift"]
+    if not d or d["verdict"] == "not_tested":
+        return "-"
+    if d["delta"] is None or d["verdict"] in ("no_baseline", "insufficient"):
+        return word(d["verdict"])
+    return f"{fmt_delta(d['delta'], f['unit'])} q={fmt_p(d['q_value'])} {word(d['verdict'])}"
 
 
 def _calibration(figs: list[dict], runs: list[dict]) -> list[str]:
@@ -97,8 +64,8 @@ def _calibration(figs: list[dict], runs: list[dict]) -> list[str]:
             cells = [str(k), str(m["ece"]["n"]) if "ece" in m else "-"]
             for name in ("ece", "debiased_ece", "brier", "auroc", "acceptance"):
                 f = m.get(name)
-                cells.append("-" if f is None else _v(f["value"], f["unit"]) + _ci(f)
-                             + (f" {VERDICT_WORDS[f['verdict']]}" if f["verdict"] in ("fail", "warn") else ""))
+                cells.append("-" if f is None else _value_ci(f)
+                             + (f" {word(f['verdict'])}" if f["verdict"] in ("fail", "warn") else ""))
             rows.append(cells)
         out += _table(["k", "n", "ECE [95% CI]", "debiased ECE", "Brier", "AUROC", "acceptance"], rows)
         workloads = sorted({f["workload"] for f in mine if f["workload"] not in ("*", None)})
@@ -112,12 +79,18 @@ def _calibration(figs: list[dict], runs: list[dict]) -> list[str]:
                 for k in positions:
                     f = next((f for f in mine if f["workload"] == w and f["position"] == k
                               and f["metric"] == "debiased_ece"), None)
-                    cells.append("-" if f is None else _v(f["value"], "fraction"))
+                    cells.append("-" if f is None else fmt_value(f["value"], "fraction"))
                 verdicts = {f["verdict"] for f in mine if f["workload"] == w}
                 cells.append(next((VERDICT_WORDS[v] for v in ("fail", "warn", "pass") if v in verdicts), "-"))
                 rows.append(cells)
             out += _table(["workload", *[f"k={k}" for k in positions], "verdict"], rows)
     return out
+
+
+def _delta_ci(f: dict) -> str:
+    d, unit = f["drift"], f["unit"]
+    lo, hi = d["delta_ci"]["low"], d["delta_ci"]["high"]
+    return fmt_delta(d["delta"], unit) + (f" [{fmt_delta(lo, unit)}, {fmt_delta(hi, unit)}]" if lo is not None else "")
 
 
 def render_markdown(summary: dict) -> str:
@@ -138,7 +111,7 @@ def render_markdown(summary: dict) -> str:
     lines += [f"- Generated: {summary['generated_at']} (report {summary['report_id']})",
               f"- Data: {summary['data']}",
               f"- Window: {window}"]
-    lines += [f"- Run: {_run_line(r)}" for r in summary["runs"]]
+    lines += [f"- Run: {run_line(r)}" for r in summary["runs"]]
     if base and base["runs"]:
         lines += [f"- Baseline: {', '.join(b['run_id'] for b in base['runs'])}"
                   + (f" (started in the {base['window']['since']} before the window)"
@@ -146,8 +119,7 @@ def render_markdown(summary: dict) -> str:
     else:
         lines += ["- Baseline: none (drift not tested)"]
     lines += [f"- Thresholds: {th['source']} (drift FDR {th['fdr']:g}, {th['n_bootstrap']} bootstrap resamples)",
-              f"- Figures: {counts['figures']} (pass {counts['pass']}, warn {counts['warn']}, fail {counts['fail']}, "
-              f"info {counts['info']}, too few samples {counts['insufficient']})", ""]
+              f"- Figures: {counts_line(counts)}", ""]
     header = ["run", "figure", "where", "value [95% CI]", "limit", "drift vs baseline", "verdict"]
     failed = [f for f in figs if f["verdict"] == "fail"]
     warned = [f for f in figs if f["verdict"] == "warn"]
@@ -202,14 +174,9 @@ def render_markdown(summary: dict) -> str:
         lines += ["Tests: " + "; ".join(f"{', '.join(dict.fromkeys(ms))}: {t}" for t, ms in tests.items()) + ".", ""]
         if moved:
             lines += _table(["run", "figure", "where", "value", "baseline", "delta [95% CI]", "q", "verdict"],
-                            [[f["run_id"], f["metric"], _where(f), _v(f["value"], f["unit"]),
-                              _v(f["drift"]["baseline_value"], f["unit"]),
-                              _v(f["drift"]["delta"], f["unit"]) + (
-                                  f" [{_v(f['drift']['delta_ci']['low'], f['unit'])}, "
-                                  f"{_v(f['drift']['delta_ci']['high'], f['unit'])}]"
-                                  if f["drift"]["delta_ci"]["low"] is not None else ""),
-                              _p(f["drift"]["q_value"]),
-                              VERDICT_WORDS.get(f["drift"]["verdict"], f["drift"]["verdict"])] for f in moved])
+                            [[f["run_id"], f["metric"], where(f), fmt_value(f["value"], f["unit"]),
+                              fmt_value(f["drift"]["baseline_value"], f["unit"]), _delta_ci(f),
+                              fmt_p(f["drift"]["q_value"]), word(f["drift"]["verdict"])] for f in moved])
     if summary["notes"]:
         lines += ["## Notes", ""] + [f"- {n}" for n in summary["notes"]] + [""]
     art = summary["artifacts"]
