@@ -103,64 +103,35 @@ class _ServerInfo(msgspec.Struct):
 # -- the fast path's contract: the same fields and checks, lists left raw ----------------
 
 _RAW_NULL = msgspec.Raw(b"null")
+_RAW_LISTS = ("draft_tokens", "confidence", "survival")
 
 
-class _FastReq(msgspec.Struct, gc=False):
-    req_pool_index: I32
-    prefix_len: I32
-    verify_len: I16
-    acc_len: I16
-    correct_drafts: I16
-    cap_trim: I16
-    bonus_token: I32
-    draft_tokens: msgspec.Raw
-    rid: Optional[str] = None
-    confidence: msgspec.Raw = _RAW_NULL
-    survival: msgspec.Raw = _RAW_NULL
-    emu_block_accept: Optional[I16] = None
-    emu_expected_block_accept: Optional[float] = None
+def _fast_struct(reference: type, name: str, types: Mapping[str, Any], **options) -> type:
+    """``reference``'s fields, names, checks and defaults, with the types of ``types`` swapped in.
+
+    Derived rather than written out, so the fast path cannot drift from the
+    reference contract when a field is added.
+    """
+    fields = []
+    for f in msgspec.structs.fields(reference):
+        kind = types.get(f.name, f.type)
+        if f.required:
+            fields.append((f.name, kind))
+        else:
+            default = (f.default if f.default is not msgspec.NODEFAULT
+                       else msgspec.field(default_factory=f.default_factory))
+            if kind is msgspec.Raw and default is None:
+                default = _RAW_NULL
+            fields.append((f.name, kind, default))
+    return msgspec.defstruct(name, fields, module=__name__, **options)
 
 
-class _FastRecord(msgspec.Struct, dict=True):
-    """``_Record`` with raw lists; the parsed list columns of its rows ride in ``__dict__``."""
-
-    forward_ct: I64
-    bs: I32 = -1
-    mode: str = ""
-    budget: Optional[I32] = None
-    lag_steps: Optional[I32] = None
-    num_running_reqs: I32 = -1
-    num_verify_tokens: I32 = -1
-    verify_tokens_local: I32 = -1
-    verify_tokens_dp_synced: I32 = -1
-    verify_tokens_graph_key: I32 = -1
-    predicted_step_ms: Optional[float] = None
-    predicted_theta: Optional[float] = None
-    step_cpu_ms: Optional[float] = None
-    step_gpu_ms: Optional[float] = None
-    draft_gpu_ms: Optional[float] = None
-    target_verify_gpu_ms: Optional[float] = None
-    reqs: Optional[list[_FastReq]] = None
-
-
-class _FastPayload(msgspec.Struct):
-    mode: str = ""
-    gamma: I16 = 0
-    verify_num_draft_tokens: I32 = 0
-    components: list[str] = []
-    records: list[_FastRecord] = []
-    simulate_acc_len: Optional[float] = None
-
-
-class _FastState(msgspec.Struct):
-    dspark_info_record: Optional[_FastPayload] = None
-    avg_spec_accept_length: Optional[float] = None
-
-
-class _FastServerInfo(msgspec.Struct):
-    internal_states: list[_FastState] = []
-    startup_time: Optional[float] = None
-    version: Optional[str] = None
+_FastReq = _fast_struct(_Req, "_FastReq", {n: msgspec.Raw for n in _RAW_LISTS}, gc=False)
+# ``dict=True``: the parsed list columns of a record's rows ride in its ``__dict__``.
+_FastRecord = _fast_struct(_Record, "_FastRecord", {"reqs": Optional[list[_FastReq]]}, dict=True)
+_FastPayload = _fast_struct(_Payload, "_FastPayload", {"records": list[_FastRecord]})
+_FastState = _fast_struct(_State, "_FastState", {"dspark_info_record": Optional[_FastPayload]})
+_FastServerInfo = _fast_struct(_ServerInfo, "_FastServerInfo", {"internal_states": list[_FastState]})
 
 
 @dataclass
