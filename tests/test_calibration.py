@@ -14,6 +14,8 @@ from sklearn.metrics import roc_auc_score
 
 from dspark_obs import sql
 from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators import calibration_metrics as metrics
+from dspark_obs.report.stats import Z95
 from dspark_obs.store import Store
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)
@@ -199,9 +201,9 @@ def test_debiased_ece_is_closer_to_zero_on_calibrated_data():
 def test_bootstrap_resamples_whole_requests():
     y, p = random_case(4, n=200)
     groups = np.repeat(np.arange(20), 10)
-    b = cal._binned(y, p, 15, "uniform")
-    weights = cal._multinomial_weights(20, 5, seed=3)
-    got = cal._resampled_ece(weights, groups, b, p, y)
+    b = metrics._binned(y, p, 15, "uniform")
+    weights = metrics._multinomial_weights(20, 5, seed=3)
+    got = metrics._resampled_ece(weights, groups, b, p, y)
     for row, value in zip(weights, got):  # the same ECE as the explicitly resampled data set
         take = np.concatenate([np.flatnonzero(groups == g).repeat(int(c)) for g, c in enumerate(row)])
         assert value == pytest.approx(loop_ece(y[take], p[take]), abs=1e-12)
@@ -214,7 +216,24 @@ def test_bootstrap_is_seeded_and_brackets_the_estimate():
     assert a == cal.bootstrap_calibration_error(y, p, groups, seed=1)
     assert a != cal.bootstrap_calibration_error(y, p, groups, seed=2)
     lo, hi = a
-    assert lo < hi and lo < cal.expected_calibration_error(y, p) < hi + 0.01
+    assert lo < cal.expected_calibration_error(y, p) < hi
+
+
+def test_the_ece_interval_holds_the_estimate_of_a_calibrated_head():
+    # Labels drawn from the confidences: the ECE is all sampling noise, and its
+    # resamples sit above it -- a percentile interval would miss the estimate.
+    rng = np.random.default_rng(1)
+    p = rng.random(300)
+    y = (rng.random(300) < p).astype(float)
+    groups = np.repeat(np.arange(100), 3)
+    ece = cal.expected_calibration_error(y, p)
+    lo, hi = cal.bootstrap_calibration_error(y, p, groups, n_resamples=400, seed=0)
+    b = metrics._binned(y, p, 15, "uniform")
+    reps = metrics._resampled_ece(metrics._multinomial_weights(100, 400, seed=0), groups, b, p, y)
+    assert np.quantile(reps, 0.025) > ece  # the percentile interval's lower end is above the estimate
+    half = Z95 * reps.std(ddof=1)
+    assert (lo, hi) == pytest.approx((max(0.0, ece - half), ece + half))
+    assert lo < ece < hi
 
 
 # -- labels ------------------------------------------------------------------------------

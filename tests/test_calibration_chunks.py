@@ -7,6 +7,7 @@ import pytest
 
 from dspark_obs import sql
 from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators import calibration_metrics as metrics
 from dspark_obs.estimators.calibration_chunks import _weights, plan_run
 from dspark_obs.estimators.ceiling import estimate_run
 from dspark_obs.store import Store
@@ -66,7 +67,7 @@ def test_a_sample_smaller_than_the_run_only_moves_auroc_and_mass_edges(generated
 
 
 def test_uint8_weights_are_the_one_pass_draws():
-    np.testing.assert_array_equal(_weights(300, 150, 7), cal._multinomial_weights(300, 150, 7))
+    np.testing.assert_array_equal(_weights(300, 150, 7), metrics._multinomial_weights(300, 150, 7))
 
 
 def test_plan_counts_labelled_steps_per_unit(generated):

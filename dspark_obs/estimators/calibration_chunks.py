@@ -28,6 +28,8 @@ import numpy as np
 import pyarrow as pa
 
 from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators import calibration_events as events
+from dspark_obs.estimators import calibration_metrics as metrics
 from dspark_obs.estimators.ceiling_chunks import Chunk, plan_chunks, sample_requests
 
 __all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "DEFAULT_SAMPLE_ROWS"]
@@ -74,21 +76,21 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
     The labelled steps are counted a chunk at a time: joining a whole run with its
     ceiling or companion at once would hold both in memory.  Raises as ``load_events``.
     """
-    query, params, mode, gamma, source = cal.events_query(con, run_id, labels=labels, companion=companion)
-    base = cal._fetch(con, _BASE_SQL, {"run": run_id})
+    query, params, mode, gamma, source = events.events_query(con, run_id, labels=labels, companion=companion)
+    base = events._fetch(con, _BASE_SQL, {"run": run_id})
     rids, rows = base.column("rid").to_pylist(), base.column("n").to_numpy().astype(np.int64)
     chunks = plan_chunks(rids, rows, chunk_rows=chunk_rows)
     if len(chunks) == 1:
         return RunPlan(query, params, mode, gamma, source, chunks)
     if not units:  # steps with predictions stand in for labelled ones (the sample, the progress)
         return RunPlan(query, params, mode, gamma, source, chunks, 0, int(rows.sum()), rids, rows)
-    parts = [cal._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM "
-                             f"({cal.events_sql(query, chunk, ordered=False)}) "
-                             "GROUP BY ALL ORDER BY rid NULLS LAST, unit", {**params, **chunk.params})
+    parts = [events._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM "
+                                f"({events.events_sql(query, chunk, ordered=False)}) "
+                                "GROUP BY ALL ORDER BY rid NULLS LAST, unit", {**params, **chunk.params})
              for chunk in chunks]
     counts = pa.concat_tables(parts)
     labelled = int(np.sum(counts.column("n").to_numpy())) if counts.num_rows else 0
-    total = cal._check_labelled(con, run_id, labels, mode, source, labelled)
+    total = events._check_labelled(con, run_id, labels, mode, source, labelled)
     rid = counts.column("rid").to_pylist()
     n = counts.column("n").to_numpy().astype(np.int64)
     starts = [i for i in range(len(rid)) if i == 0 or rid[i] != rid[i - 1]]
@@ -100,12 +102,12 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
 
 
 def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk):
-    table = cal._fetch(con, cal.events_sql(plan.query, chunk), {**plan.params, **chunk.params})
-    return cal._events(table, run_id, labels, plan.mode, plan.gamma, plan.source)
+    table = events._fetch(con, events.events_sql(plan.query, chunk), {**plan.params, **chunk.params})
+    return events._events(table, run_id, labels, plan.mode, plan.gamma, plan.source)
 
 
 def _weights(n_groups: int, n_resamples: int, seed: int) -> np.ndarray:
-    """``calibration._multinomial_weights`` as uint8, drawn in blocks (the same numbers)."""
+    """``calibration_metrics._multinomial_weights`` as uint8, drawn in blocks (the same numbers)."""
     rng = np.random.default_rng(seed)
     out = np.empty((n_resamples, n_groups), dtype=np.uint8)
     p = np.full(n_groups, 1.0 / n_groups)
@@ -139,7 +141,7 @@ def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binning
 
     With ``n_bootstrap`` the plan must hold the run's units (``plan_run(units=True)``).
     """
-    specs = {name: cal.parse_binning(name) for name in binnings}
+    specs = {name: metrics.parse_binning(name) for name in binnings}
     boot = _Bootstrap(plan, n_bootstrap, seed) if n_bootstrap else None
 
     sample, _ = _load(con, plan, run_id, labels, sample_requests(plan.rids, plan.rid_rows, max_rows=sample_rows))
@@ -155,7 +157,7 @@ def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binning
     def edges(w: str, k: int, name: str) -> np.ndarray:
         _, p = by_sample.get((w, k), (None, np.zeros(0)))
         n_bins, strategy = specs[name]
-        return cal._edges(np.clip(p, cal.EPS_PROB, 1.0 - cal.EPS_PROB), n_bins, strategy)
+        return metrics._edges(np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB), n_bins, strategy)
 
     cells: dict = {}
     counts = {"rows": 0, "censored": 0, "fractional": 0}
@@ -176,19 +178,19 @@ def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binning
         del ev
         if progress is not None:
             progress(done, total_rows)
-    counts["total"] = plan.total or cal._check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
+    counts["total"] = plan.total or events._check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
     rows, bin_rows = [], []
     names = sorted({w for w, _ in cells} - {"*"})
     for w in ["*", *names]:
         for k in range(gamma):
             cell = cells.get((w, k), _Cell())
             y, p = by_sample.get((w, k), (np.zeros(0), np.zeros(0)))
-            auroc = cal._none_if_nan(cal.auroc_score(y, p)) if y.size else None
+            auroc = cal._none_if_nan(metrics.auroc_score(y, p)) if y.size else None
             r, b = _rows(cell, auroc, w, k, labels, plan, binnings, confidence_level,
                          n_bootstrap if boot and boot.has(w) else 0)
             rows += r
             bin_rows += b
-    notes = cal._notes(labels, plan.mode, plan.params.get("method"), counts)
+    notes = events._notes(labels, plan.mode, plan.params.get("method"), counts)
     return (pa.Table.from_pylist(rows, schema=cal.CALIBRATION.remove_metadata()),
             pa.Table.from_pylist(bin_rows, schema=cal.CALIBRATION_BINS.remove_metadata()), notes)
 
@@ -259,10 +261,10 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
     cell.p_sum += float(p.sum())
     cell.y_sum += float(y.sum())
     cell.sq_sum += float(np.sum((p - y) ** 2))
-    pc = np.clip(p, cal.EPS_PROB, 1.0 - cal.EPS_PROB)
+    pc = np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB)
     cell.log_sum += float(np.sum(y * np.log(pc) + (1.0 - y) * np.log1p(-pc)))
     for name, (n_bins, strategy, edges) in binnings.items():
-        ids = cal._bin_ids(pc, edges, strategy)
+        ids = metrics._bin_ids(pc, edges, strategy)
         sums = [np.bincount(ids, minlength=n_bins).astype(np.float64), np.bincount(ids, weights=pc, minlength=n_bins),
                 np.bincount(ids, weights=y, minlength=n_bins)]
         acc = cell.bins.setdefault(name, [np.zeros(n_bins) for _ in range(3)])
@@ -292,15 +294,15 @@ def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan,
         row = {**base, "binning": name, **common}
         if cell.n:
             count, pred_sum, true_sum = cell.bins[name]
-            b = cal._Bins(cell.edges[name], np.zeros(0, np.int64), count, pred_sum, true_sum)
-            row.update(ece=cal._ece(b), mce=cal._mce(b), debiased_ece=cal._debiased_ece(b))
+            b = metrics._Bins(cell.edges[name], np.zeros(0, np.int64), count, pred_sum, true_sum)
+            row.update(ece=metrics._ece(b), mce=metrics._mce(b), debiased_ece=metrics._debiased_ece(b))
             if n_boot:
                 wp, wy, wn = cell.boot[name]
                 with np.errstate(invalid="ignore", divide="ignore"):
                     samples = np.abs(wp - wy).sum(axis=1) / wn
-                lo, hi = cal._interval(samples, level)
+                lo, hi = metrics._interval(row["ece"], samples, level)
                 row.update(ece_ci_lo=cal._none_if_nan(lo), ece_ci_hi=cal._none_if_nan(hi))
-            c = cal._curve(b)
+            c = metrics._curve(b)
             bin_rows += [{**base, "binning": name, "bin": int(j), "bin_lo": float(lo_), "bin_hi": float(hi_),
                           "mean_predicted": float(mp), "observed_rate": float(r), "count": int(n)}
                          for j, lo_, hi_, mp, r, n in zip(c.bin, c.bin_lo, c.bin_hi, c.mean_predicted,

@@ -27,7 +27,8 @@ from dataclasses import dataclass, replace
 import msgspec
 import numpy as np
 
-from dspark_obs.estimators.calibration import EPS_PROB, _binned, _check_binning, _ece, load_events
+from dspark_obs.estimators.calibration_events import load_events
+from dspark_obs.estimators.calibration_metrics import EPS_PROB, _binned, _check_binning, _ece
 
 __all__ = ["SGLANG_GRID", "StsCalibration", "StsFit", "raw_logits", "fit_sts", "fit_sts_run"]
 
@@ -220,7 +221,7 @@ def _refine(prev, z, y, temps, i, n_bins, t_grid, ece_grid) -> tuple[float, floa
 
 def fit_sts_run(con_or_store, run_id: str, *, labels: str = "observed", companion: str | None = None,
                 current_temperatures=None, n_bins: int = 15, refine: bool = True, dataset: str | None = None) -> StsFit:
-    """Fit STS on one run's records (labels as in :func:`~dspark_obs.estimators.calibration.load_events`).
+    """Fit STS on one run's records (labels as in :func:`~dspark_obs.estimators.calibration_events.load_events`).
 
     ``current_temperatures`` are the STS temperatures the server ran with (None:
     none); they turn the recorded confidences back into raw logits.  Use labels

@@ -3,7 +3,7 @@
 Values come from the ``calibration`` table (``dspark-obs calibrate``) for the
 run's best label kind (companion > reconstructed > observed, or the kind the
 thresholds name).  Intervals and drift come from the run's events
-(:func:`dspark_obs.estimators.calibration.load_events`):
+(:func:`dspark_obs.estimators.calibration_events.load_events`):
 
 * ECE, debiased ECE, Brier, AUROC: the value +- 1.96 request-bootstrap standard
   errors; drift is the bootstrap of the difference (the run and the baseline

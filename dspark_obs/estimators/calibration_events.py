@@ -1,0 +1,307 @@
+"""The events a confidence head predicts, and their labels read from a run.
+
+The event at position ``k`` (1..gamma) of a request-step is *the first k drafts
+all survive a full-block verify*; the head predicts it with its survival
+``S_k = c_1 * ... * c_k`` (the record's ``survival``, else the cumulative
+product of ``confidence``) — SGLang's own probe scores exactly this pair
+(``dspark_observability.PerPositionConfidenceMetrics``).
+
+Where the truth comes from (``labels``):
+
+``observed``
+    What the run's own record decides.  A cap-accept or static step verified
+    the whole block, so every position is known.  A compact step with window
+    ``w`` and ``c`` accepted drafts knows positions ``k <= w`` directly, and,
+    when the chain broke inside the window (``c < w``), that every ``k > c`` is
+    false — a full-block verify would have rejected the same draft.  Only the
+    tail of a *censored* step (``c == w < gamma``) is unknown and left out.
+    Those are exactly the steps that survived their whole window, so what is
+    left is biased twice: deep positions are labelled mostly on steps the
+    scheduler trusted (the labelled share of positives is higher than in the
+    population), and among steps with the same predicted survival the likely
+    positives are missing (the head looks more over-confident than it is).
+``reconstructed``
+    The block-accept estimator's ceiling (table ``ceiling``, written by
+    ``dspark-obs estimate``).  The label is ``clip(mid - (k - 1), 0, 1)``: 0/1
+    wherever the estimate is an integer (uncensored steps; greedy censored
+    steps with ``lo == hi``), and a soft label otherwise, so that the labels of
+    a step sum to its estimated acceptance ``mid``.
+``companion``
+    The paired cap-accept step of a companion run (same rid and anchor
+    ``prefix_len``, same drafts; :mod:`dspark_obs.estimators.pairing`):
+    ``correct_drafts + cap_trim >= k``.  Compact steps without such a pair are
+    left out.
+
+:func:`load_events` reads a run's predictions and labels as :class:`RunEvents`
+(arrays, no metrics); :func:`events_query` and :func:`events_sql` give its SQL to
+:mod:`dspark_obs.estimators.calibration_chunks`, which reads a large run a chunk
+of whole requests at a time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = [
+    "LABEL_KINDS", "RunEvents", "CalibrationDataError", "block_events", "observed_events",
+    "load_events", "events_query", "events_sql",
+]
+
+LABEL_KINDS = ("observed", "reconstructed", "companion")
+
+
+# -- events and labels ------------------------------------------------------------
+
+
+def block_events(block_accept, *, gamma: int) -> np.ndarray:
+    """Labels of the events 'first k drafts survive', k = 1..gamma, from a full-block acceptance.
+
+    ``block_accept`` (shape (n,)) counts accepted drafts of a full block; a
+    fractional value (an estimate) gives soft labels ``clip(A - (k - 1), 0, 1)``
+    that sum to ``A``.  Returns float64 of shape (n, gamma).
+
+    >>> block_events([2, 0.5], gamma=3).tolist()
+    [[1.0, 1.0, 0.0], [0.5, 0.0, 0.0]]
+    """
+    a = np.asarray(block_accept, dtype=np.float64).reshape(-1, 1)
+    return np.clip(a - np.arange(gamma), 0.0, 1.0)
+
+
+def observed_events(correct_drafts, window, *, gamma: int) -> np.ndarray:
+    """What a compact step's record decides; NaN where the censored tail leaves it unknown.
+
+    Positions ``k <= window`` were verified; when the chain broke inside the window
+    (``correct_drafts < window``) every later event is false.  The positions beyond
+    the window of a step that accepted its whole window are unknown (NaN).
+
+    >>> observed_events([1, 2], [3, 2], gamma=4).tolist()
+    [[1.0, 0.0, 0.0, 0.0], [1.0, 1.0, nan, nan]]
+    """
+    c = np.asarray(correct_drafts, dtype=np.int64).reshape(-1, 1)
+    w = np.asarray(window, dtype=np.int64).reshape(-1, 1)
+    y = block_events(c[:, 0], gamma=gamma)
+    known = (np.arange(1, gamma + 1) <= w) | (c < w)
+    return np.where(known, y, np.nan)
+
+
+class CalibrationDataError(ValueError):
+    """The store lacks what a calibration needs; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class RunEvents:
+    """A run's request-steps as arrays: predictions and labels per position.
+
+    ``survival``, ``confidence`` and ``y`` have shape (n, gamma); ``y`` is NaN
+    where the truth is unknown (and ``confidence`` where it was not sent).
+    ``rid`` is the request (the bootstrap's unit); ``dp_rank`` and ``forward_ct``
+    identify the step.
+    """
+
+    run_id: str
+    labels: str
+    mode: str
+    gamma: int
+    label_source: str
+    rid: np.ndarray
+    workload: np.ndarray
+    dp_rank: np.ndarray
+    forward_ct: np.ndarray
+    survival: np.ndarray
+    confidence: np.ndarray
+    y: np.ndarray
+    notes: tuple[str, ...] = ()
+
+
+_STEPS_SQL = """
+SELECT s.rid, coalesce(s.rid, 'pool-' || s.req_pool_index) AS unit,
+       coalesce(s.workload, 'unknown') AS workload, s.dp_rank, s.forward_ct, s.prefix_len,
+       s."window", s.correct_drafts, s.cap_trim, s.confidence, s.survival{extra}
+FROM step_reqs_w s {join}
+WHERE s.run_id = $run AND (s.confidence IS NOT NULL OR s.survival IS NOT NULL) AND {chunk}
+"""
+_ORDER_SQL = "ORDER BY s.dp_rank, s.forward_ct, s.rid"
+
+
+def events_sql(query: str, chunk=None, *, ordered: bool = True) -> str:
+    """:func:`events_query`'s SQL for the requests of ``chunk`` (all when None), in step order."""
+    on = (lambda col: "TRUE") if chunk is None else chunk.on
+    text = query.format(chunk=on("s.rid"), chunk_p=on("p.rid"), chunk_e=on("e.rid"))
+    return text + _ORDER_SQL if ordered else text
+
+
+def _fetch(con, sql_text: str, params: dict) -> pa.Table:
+    return con.sql(sql_text, params=params).to_arrow_table()  # DuckDB 2: fetch results fully
+
+
+def _run_info(con, run_id: str) -> tuple[str, int | None]:
+    rows = con.sql("SELECT mode, gamma FROM runs WHERE run_id = $run", params={"run": run_id}).fetchall()
+    mode, gamma = rows[0] if rows else (None, None)
+    if not mode:
+        modes = con.sql("SELECT mode, count(*) FROM steps WHERE run_id = $run AND mode <> '' GROUP BY 1 "
+                        "ORDER BY 2 DESC", params={"run": run_id}).fetchall()
+        mode = modes[0][0] if modes else ""
+    return mode or "", gamma
+
+
+def _list_matrix(column: pa.ChunkedArray, gamma: int, name: str) -> np.ndarray:
+    """A list<float> column as (n, gamma) float64; null rows become NaN."""
+    arr = column.combine_chunks()
+    out = np.full((len(arr), gamma), np.nan)
+    valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False))
+    if valid.any():
+        lengths = np.asarray(arr.value_lengths().to_numpy(zero_copy_only=False))[valid]
+        if np.any(lengths != gamma):
+            raise CalibrationDataError(f"{name} lists have lengths {sorted(set(lengths.tolist()))}, expected gamma = {gamma}")
+        out[valid] = np.asarray(arr.filter(pa.array(valid)).flatten().to_numpy(zero_copy_only=False),
+                                dtype=np.float64).reshape(-1, gamma)
+    return out
+
+
+def load_events(con, run_id: str, *, labels: str = "observed", companion: str | None = None,
+                chunk=None) -> RunEvents:
+    """Read one run's predictions and the labels of kind ``labels`` from the views.
+
+    ``companion`` names the cap-accept companion (default: the run recorded with
+    ``companion_of = run_id``).  Raises :class:`CalibrationDataError` with the fix
+    when the run, its confidences, its companion or its ceiling estimates are missing.
+    ``chunk`` (a :class:`~dspark_obs.estimators.ceiling_chunks.Chunk`) reads only
+    some requests; a chunk without labelled steps gives empty events.
+    """
+    query, params, mode, gamma, source = events_query(con, run_id, labels=labels, companion=companion)
+    table = _fetch(con, events_sql(query, chunk), {**params, **({} if chunk is None else chunk.params)})
+    ev, counts = _events(table, run_id, labels, mode, gamma, source)
+    if chunk is None:
+        counts["total"] = _check_labelled(con, run_id, labels, mode, source, table.num_rows)
+        ev = dataclasses.replace(ev, notes=_notes(labels, mode, params.get("method"), counts))
+    return ev
+
+
+def _notes(labels: str, mode: str, method: str | None, counts: dict) -> tuple[str, ...]:
+    """What the labels left out, from the counts of :func:`_events` summed over the run."""
+    total, rows = counts["total"], counts["rows"]
+    notes = []
+    if labels == "companion":
+        notes.append(f"{total - rows} of {total} steps have no companion step with the same "
+                     f"drafts at the same anchor and are left out")
+    elif labels == "reconstructed" and rows < total:
+        notes.append(f"{total - rows} of {total} steps have no ceiling estimate and are left out")
+    if labels == "reconstructed":
+        notes.append(f"ceiling method {method or 'unnamed'}: {counts['fractional']} of "
+                     f"{rows} steps have a fractional estimate (soft labels)")
+    elif labels == "observed" and mode not in ("cap-accept", "static"):
+        notes.append(f"{counts['censored']} of {rows} steps are censored (whole window accepted): "
+                     "their positions beyond the window are unlabelled")
+    return tuple(notes)
+
+
+def events_query(con, run_id: str, *, labels: str = "observed",
+                 companion: str | None = None) -> tuple[str, dict, str, int | None, str]:
+    """``(sql, params, mode, gamma, label source)`` of a run's events, the SQL to be completed by
+    :func:`events_sql`.  Raises :class:`CalibrationDataError` as :func:`load_events`."""
+    from dspark_obs.estimators import pairing
+
+    if labels not in LABEL_KINDS:
+        raise ValueError(f"labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
+    mode, gamma = _run_info(con, run_id)
+    if mode in ("cap-accept", "static") and labels != "observed":
+        raise CalibrationDataError(
+            f"run {run_id!r} is a {mode} run: it verified whole blocks, so its own labels are the "
+            f"full-block truth; use labels 'observed' (--labels observed) instead of {labels!r}")
+    params: dict[str, Any] = {"run": run_id}
+    extra, join, source = "", "", run_id
+    if labels == "companion":
+        companion = companion or pairing.companion_of(con, run_id)
+        if companion is None:
+            raise CalibrationDataError(
+                f"no cap-accept companion recorded for run {run_id!r} (runs.companion_of); replay its "
+                "requests on a cap-accept server (dspark-obs demo does this) or name one with --companion RUN")
+        params["companion"], source = companion, companion
+        join = (f"JOIN ({pairing.PAIRED_STEPS_SQL}) p ON p.rid = s.rid AND p.forward_ct = s.forward_ct "
+                "AND p.dp_rank = s.dp_rank AND p.same_drafts AND {chunk_p}")
+        extra = ", p.true_block_accept"
+    elif labels == "reconstructed":
+        try:  # the estimator writes one method per run; prefer 'default' if several are there
+            methods = [m for m, in con.sql("SELECT DISTINCT coalesce(method, '') FROM ceiling WHERE run_id = $run "
+                                           "ORDER BY 1", params=params).fetchall()]
+        except Exception:  # the ceiling estimator's table is not registered
+            methods = []
+        if not methods:
+            raise CalibrationDataError(
+                f"no ceiling estimates for run {run_id!r}; run `dspark-obs estimate --data DATA --run "
+                f"{run_id}` first, or use --labels observed|companion")
+        params["method"] = "default" if "default" in methods else methods[0]
+        extra, source = ", e.mid", "ceiling"
+        join = ("JOIN ceiling e ON e.run_id = s.run_id AND e.rid = s.rid AND e.forward_ct = s.forward_ct "
+                "AND e.prefix_len = s.prefix_len AND coalesce(e.method, '') = $method AND {chunk_e}")
+    return (_STEPS_SQL.format(extra=extra, join=join, chunk="{chunk}", chunk_p="{chunk_p}", chunk_e="{chunk_e}"),
+            params, mode, gamma, source)
+
+
+def _check_labelled(con, run_id: str, labels: str, mode: str, source: str, labelled: int) -> int:
+    """The run has steps, confidences, and labelled steps (else the fix); its steps."""
+    total = con.sql("SELECT count(*), count(confidence) + count(survival) FROM step_reqs WHERE run_id = $run",
+                    params={"run": run_id}).fetchall()[0]
+    if total[0] == 0:
+        known = [r[0] for r in con.sql("SELECT DISTINCT run_id FROM step_reqs ORDER BY 1").fetchall()]
+        raise CalibrationDataError(f"no request-steps for run {run_id!r}; runs with steps: "
+                                   f"{', '.join(known) or 'none'} (collect one with dspark-obs collect or demo)")
+    if total[1] == 0:
+        raise CalibrationDataError(
+            f"run {run_id!r} recorded no confidence or survival ({mode or 'unknown'} mode): static mode builds "
+            "no confidence head; calibrate a compact or cap-accept run")
+    if labelled == 0:
+        raise CalibrationDataError(f"no request-steps of run {run_id!r} have {labels} labels "
+                                   f"(source {source!r}); check that the runs pair up (same prompts and seeds)")
+    return int(total[0])
+
+
+def _events(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int | None,
+            source: str) -> tuple[RunEvents, dict]:
+    """Arrays and labels of the fetched steps, and the counts behind the notes."""
+    counts = {"rows": table.num_rows, "censored": 0, "fractional": 0}
+    if not gamma:
+        import pyarrow.compute as pc
+
+        gamma = max(pc.max(pc.list_value_length(table.column(c))).as_py() or 0 for c in ("confidence", "survival"))
+    conf = _list_matrix(table.column("confidence"), gamma, "confidence")
+    surv = _list_matrix(table.column("survival"), gamma, "survival")
+    surv = np.where(np.isnan(surv), np.cumprod(conf, axis=1), surv)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = surv / np.concatenate([np.ones((len(surv), 1)), surv[:, :-1]], axis=1)
+    conf = np.where(np.isnan(conf), ratio, conf)
+
+    col = {name: table.column(name).to_numpy() for name in ("window", "correct_drafts", "cap_trim")}
+    if labels == "companion":
+        y = block_events(table.column("true_block_accept").to_numpy(), gamma=gamma)
+    elif labels == "reconstructed":
+        mid = _ceiling_accept(table, col["correct_drafts"], col["window"], gamma)
+        y = block_events(mid, gamma=gamma)
+        counts["fractional"] = int(np.sum(mid != np.round(mid)))
+    elif mode in ("cap-accept", "static"):
+        y = block_events(col["correct_drafts"] + col["cap_trim"], gamma=gamma)
+    else:
+        y = observed_events(col["correct_drafts"], col["window"], gamma=gamma)
+        counts["censored"] = int(((col["correct_drafts"] == col["window"]) & (col["window"] < gamma)).sum())
+    ev = RunEvents(run_id, labels, mode, gamma, source, table.column("unit").to_numpy(zero_copy_only=False),
+                   table.column("workload").to_numpy(zero_copy_only=False), table.column("dp_rank").to_numpy(),
+                   table.column("forward_ct").to_numpy(), surv, conf, y)
+    return ev, counts
+
+
+def _ceiling_accept(table: pa.Table, correct: np.ndarray, window: np.ndarray, gamma: int) -> np.ndarray:
+    """The ceiling's ``mid`` in drafts; checks its unit on the steps whose acceptance is known."""
+    mid = np.asarray(table.column("mid").to_numpy(zero_copy_only=False), dtype=np.float64)
+    exact = (correct < window) | (window >= gamma)  # uncensored: the block acceptance is correct_drafts
+    if exact.any() and not np.allclose(mid[exact], correct[exact]):
+        if np.allclose(mid[exact], correct[exact] + 1):  # acc_len units (SGLang's lo = w + 1 + extra)
+            mid = mid - 1.0
+        else:
+            raise CalibrationDataError("ceiling.mid disagrees with correct_drafts on uncensored steps; "
+                                       "re-run `dspark-obs estimate` for this run")
+    return np.where(np.isnan(mid), np.nan, np.clip(mid, 0.0, gamma))

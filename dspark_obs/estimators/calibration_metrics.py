@@ -1,0 +1,369 @@
+"""Calibration metrics: arrays in, numbers out.
+
+Pure functions in scikit-learn's style -- ``y_true, y_prob`` positional,
+options keyword-only, ``y_true`` 0/1 or soft labels in [0, 1] -- whose
+docstrings state the exact formula, binning rule and edge cases, so that each
+can be checked on its own: ``tests/test_calibration.py`` tests them against
+scikit-learn (``calibration_curve``, ``brier_score_loss``, ``log_loss``,
+``roc_auc_score``) and against plain loops.  No I/O: reading a run's events is
+:mod:`dspark_obs.estimators.calibration_events`, writing the tables
+:mod:`dspark_obs.estimators.calibration` (which re-exports the public names).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from scipy.special import ndtri
+
+__all__ = [
+    "EPS_PROB", "BINNINGS", "ReliabilityCurve",
+    "expected_calibration_error", "maximum_calibration_error", "debiased_calibration_error",
+    "brier_score_loss", "log_loss", "auroc_score", "reliability_curve",
+    "bootstrap_calibration_error", "parse_binning",
+]
+
+EPS_PROB = 1e-8
+"""Probabilities are clamped to [EPS_PROB, 1 - EPS_PROB] before binning and logs (SGLang's EPS_PROB)."""
+BINNINGS = ("width15", "width20", "mass15")
+"""Equal-width 15 bins (SGLang's convention), 20 (DeepSpec's), and 15 equal-mass bins."""
+_STRATEGIES = ("uniform", "quantile")
+
+
+# -- validation and binning ------------------------------------------------------
+
+
+def _check_pair(y_true: Any, y_prob: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Both as 1-D float64 arrays of equal length with values in [0, 1]."""
+    out = []
+    for name, values in (("y_true", y_true), ("y_prob", y_prob)):
+        try:
+            arr = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{name} must be numeric, got {np.asarray(values).dtype}") from None
+        if arr.ndim != 1:
+            raise ValueError(f"{name} must be 1-D, got shape {arr.shape}")
+        bad = np.flatnonzero(~np.isfinite(arr))
+        if bad.size:
+            raise ValueError(f"{name} has non-finite values ({arr[bad[0]]} at index {bad[0]})")
+        if arr.size and (arr.min() < 0 or arr.max() > 1):
+            raise ValueError(f"{name} has values outside [0, 1]: min {arr.min():g}, max {arr.max():g}"
+                             + (" (use 0/1 outcomes, or probabilities as soft labels)" if name == "y_true" else ""))
+        out.append(arr)
+    if out[0].shape != out[1].shape:
+        raise ValueError(f"y_true and y_prob have different lengths: {out[0].size} != {out[1].size}")
+    return out[0], out[1]
+
+
+def _check_binning(n_bins: Any, strategy: Any) -> None:
+    if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
+        raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}")
+    if strategy not in _STRATEGIES:
+        raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
+
+
+def parse_binning(name: str) -> tuple[int, str]:
+    """``'width15'`` -> ``(15, 'uniform')``; ``'mass15'`` -> ``(15, 'quantile')``.
+
+    >>> parse_binning("width20")
+    (20, 'uniform')
+    """
+    m = re.fullmatch(r"(width|mass)([1-9][0-9]*)", str(name))
+    if not m:
+        raise ValueError(f"binning {name!r} is not widthN or massN (e.g. {', '.join(BINNINGS)})")
+    return int(m.group(2)), "uniform" if m.group(1) == "width" else "quantile"
+
+
+@dataclass(frozen=True)
+class _Bins:
+    edges: np.ndarray  # [n_bins + 1]
+    ids: np.ndarray  # [n] bin of each sample
+    count: np.ndarray  # [n_bins]
+    pred_sum: np.ndarray
+    true_sum: np.ndarray
+
+
+def _edges(p: np.ndarray, n_bins: int, strategy: str) -> np.ndarray:
+    if strategy == "quantile" and p.size:
+        return np.quantile(p, np.linspace(0.0, 1.0, n_bins + 1))
+    return np.linspace(0.0, 1.0, n_bins + 1)
+
+
+def _bin_ids(p: np.ndarray, edges: np.ndarray, strategy: str) -> np.ndarray:
+    n_bins = edges.size - 1
+    if strategy == "uniform":  # SGLang: floor(p * n_bins), an edge belongs to the bin above
+        return np.clip((p * n_bins).astype(np.int64), 0, n_bins - 1)
+    return np.searchsorted(edges[1:-1], p)  # scikit-learn's quantile rule
+
+
+def _binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str) -> _Bins:
+    p = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
+    edges = _edges(p, n_bins, strategy)
+    ids = _bin_ids(p, edges, strategy)
+    return _Bins(edges, ids, np.bincount(ids, minlength=n_bins).astype(np.float64),
+                 np.bincount(ids, weights=p, minlength=n_bins), np.bincount(ids, weights=y, minlength=n_bins))
+
+
+def _ece(b: _Bins) -> float:
+    total = b.count.sum()
+    return float(np.abs(b.pred_sum - b.true_sum).sum() / total) if total else math.nan
+
+
+def _mce(b: _Bins) -> float:
+    full = b.count > 0
+    if not full.any():
+        return math.nan
+    return float(np.max(np.abs(b.pred_sum[full] - b.true_sum[full]) / b.count[full]))
+
+
+def _debiased_ece(b: _Bins) -> float:
+    from scipy.special import ndtr
+
+    full = b.count > 0
+    total = b.count.sum()
+    if not total:
+        return math.nan
+    n = b.count[full]
+    rate = b.true_sum[full] / n
+    gap = np.abs(b.pred_sum[full] / n - rate)
+    sd = np.sqrt(np.clip(rate * (1.0 - rate), 0.0, None) / n)
+    # E|N(gap, sd^2)| (folded normal mean) = the mean of Kumar et al.'s resampled ECE terms.
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(sd > 0, gap / sd, np.inf)
+        folded = np.where(sd > 0, sd * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * z * z) + gap * (1.0 - 2.0 * ndtr(-z)), gap)
+    return float(np.sum(n * (2.0 * gap - folded)) / total)
+
+
+# -- metrics -----------------------------------------------------------------------
+
+
+def expected_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
+    """Expected calibration error: ``sum_b (n_b / n) |mean(y_prob)_b - mean(y_true)_b|``.
+
+    Parameters
+    ----------
+    y_true : array-like of shape (n,)
+        Outcomes, 0/1 (or soft labels in [0, 1]).
+    y_prob : array-like of shape (n,)
+        Predicted probabilities in [0, 1]; clamped to [1e-8, 1 - 1e-8] as SGLang does.
+    n_bins : int, default 15
+        15 is SGLang's convention (``dspark_sts_fit.py``, the confidence probe), 20 DeepSpec's.
+    strategy : {'uniform', 'quantile'}, default 'uniform'
+        ``uniform``: equal-width bins, ``floor(p * n_bins)`` (SGLang's rule: a probability
+        on an edge goes to the bin above).  ``quantile``: equal-mass bins on the
+        quantiles of ``y_prob`` (scikit-learn's ``calibration_curve`` rule).
+
+    Returns
+    -------
+    float
+        Lower is better; NaN for empty input.
+
+    >>> round(expected_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
+    0.175
+    """
+    y, p = _check_pair(y_true, y_prob)
+    _check_binning(n_bins, strategy)
+    return _ece(_binned(y, p, n_bins, strategy))
+
+
+def maximum_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
+    """Largest ``|mean(y_prob)_b - mean(y_true)_b|`` over non-empty bins (NaN if empty).
+
+    Same inputs and binning as :func:`expected_calibration_error`.
+
+    >>> round(maximum_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
+    0.3
+    """
+    y, p = _check_pair(y_true, y_prob)
+    _check_binning(n_bins, strategy)
+    return _mce(_binned(y, p, n_bins, strategy))
+
+
+def debiased_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
+    """ECE with its finite-sample bias removed (may be slightly negative; NaN if empty).
+
+    The plug-in ECE is biased upwards: sampling noise in each bin's observed rate
+    only ever adds to ``|gap|``.  Following Kumar, Liang & Ma (2019), "Verified
+    Uncertainty Calibration", NeurIPS (the debiased estimator of their
+    ``calibration`` package; see also Roelofs et al. 2022, "Mitigating Bias in
+    Calibration Error Estimation", AISTATS), the bias is estimated by redrawing each
+    bin's rate from ``N(rate_b, rate_b (1 - rate_b) / n_b)`` and subtracted:
+    ``2 * ECE - E[ECE_resampled]``.  The expectation is taken in closed form (the
+    mean of a folded normal) instead of by Monte Carlo, so the estimate is
+    deterministic.  Same inputs and binning as :func:`expected_calibration_error`.
+
+    >>> round(debiased_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
+    0.175
+    """
+    y, p = _check_pair(y_true, y_prob)
+    _check_binning(n_bins, strategy)
+    return _debiased_ece(_binned(y, p, n_bins, strategy))
+
+
+def brier_score_loss(y_true, y_prob) -> float:
+    """Mean squared difference ``mean((y_prob - y_true)^2)`` (lower is better; NaN if empty).
+
+    >>> round(brier_score_loss([0, 1], [0.2, 0.6]), 3)
+    0.1
+    """
+    y, p = _check_pair(y_true, y_prob)
+    return float(np.mean((p - y) ** 2)) if y.size else math.nan
+
+
+def log_loss(y_true, y_prob) -> float:
+    """Mean cross-entropy ``-mean(y log p + (1 - y) log(1 - p))`` (lower is better; NaN if empty).
+
+    ``y_prob`` is clamped to [1e-8, 1 - 1e-8] first, so a confident miss costs
+    ``-log(1e-8) = 18.4`` instead of infinity.
+
+    >>> round(log_loss([0, 1], [0.5, 0.5]), 4)
+    0.6931
+    """
+    y, p = _check_pair(y_true, y_prob)
+    if not y.size:
+        return math.nan
+    p = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
+    return float(-np.mean(y * np.log(p) + (1.0 - y) * np.log1p(-p)))
+
+
+def auroc_score(y_true, y_prob) -> float:
+    """Area under the ROC curve by the Mann–Whitney U statistic (higher is better).
+
+    Tied scores count one half, as in scikit-learn's ``roc_auc_score``.  Soft
+    labels count as a positive of weight ``y`` and a negative of weight ``1 - y``.
+    Returns NaN, without a warning, when there are no positives or no negatives —
+    e.g. a position where every step survived — and for empty input, so that a
+    per-position table stays rectangular (scikit-learn warns, or raises in
+    versions before 1.6).
+
+    >>> auroc_score([0, 0, 1, 1], [0.1, 0.4, 0.35, 0.8])
+    0.75
+    """
+    y, p = _check_pair(y_true, y_prob)
+    pos_total, neg_total = y.sum(), (1.0 - y).sum()
+    if pos_total <= 0 or neg_total <= 0:
+        return math.nan
+    _, group = np.unique(p, return_inverse=True)  # ascending scores; ties share a group
+    pos = np.bincount(group, weights=y)
+    neg = np.bincount(group, weights=1.0 - y)
+    below = np.cumsum(neg) - neg
+    return float(np.sum(pos * (below + 0.5 * neg)) / (pos_total * neg_total))
+
+
+@dataclass(frozen=True)
+class ReliabilityCurve:
+    """Reliability-diagram data, one entry per non-empty bin (arrays of equal length)."""
+
+    bin: np.ndarray  # bin index among n_bins
+    bin_lo: np.ndarray
+    bin_hi: np.ndarray
+    bin_center: np.ndarray
+    mean_predicted: np.ndarray
+    observed_rate: np.ndarray
+    count: np.ndarray
+
+
+def reliability_curve(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> ReliabilityCurve:
+    """Per-bin mean prediction and observed rate (empty bins are left out).
+
+    ``observed_rate`` and ``mean_predicted`` equal scikit-learn's
+    ``calibration_curve(y_true, y_prob, n_bins=..., strategy=...)`` (apart from the
+    1e-8 clamp, and for ``uniform`` a probability exactly on an edge, which goes
+    to the bin above here as in SGLang).
+
+    >>> curve = reliability_curve([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3], n_bins=2)
+    >>> curve.observed_rate.tolist(), curve.count.tolist()
+    ([0.0, 1.0], [2, 2])
+    """
+    y, p = _check_pair(y_true, y_prob)
+    _check_binning(n_bins, strategy)
+    return _curve(_binned(y, p, n_bins, strategy))
+
+
+def _curve(b: _Bins) -> ReliabilityCurve:
+    full = np.flatnonzero(b.count > 0)
+    lo, hi = b.edges[full], b.edges[full + 1]
+    n = b.count[full]
+    return ReliabilityCurve(full, lo, hi, (lo + hi) / 2, b.pred_sum[full] / n, b.true_sum[full] / n,
+                            n.astype(np.int64))
+
+
+def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, strategy: str = "uniform",
+                                n_resamples: int = 1000, confidence_level: float = 0.95,
+                                seed: int = 0) -> tuple[float, float]:
+    """Bootstrap CI of the ECE, resampling whole groups (requests): ``ece +- z * SE``.
+
+    Steps of one request share its prompt and history, so they are not
+    independent; resampling requests keeps that dependence.  Vectorised: the
+    per-(request, bin) sums are computed once and each resample is a multinomial
+    reweighting of them.  Bin edges stay those of the full sample.
+
+    The interval is normal, around the estimate, with the bootstrap standard
+    error (clipped to [0, 1]) -- not the percentile interval: the ECE is biased
+    upwards (``|mean error|`` per bin), its resamples more so, and a percentile
+    interval of a well-calibrated head can lie wholly above its own estimate.
+    ``dspark-obs report`` draws the same interval.
+
+    Parameters
+    ----------
+    groups : array-like of shape (n,)
+        The resampling unit of each sample (request ids).
+    n_resamples : int, default 1000
+    confidence_level : float, default 0.95
+    seed : int, default 0
+        Seed of ``numpy.random.default_rng``: the same inputs give the same interval.
+
+    Returns ``(lo, hi)``; ``(nan, nan)`` for empty input.
+
+    >>> lo, hi = bootstrap_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3], ["a", "a", "b", "b"])
+    >>> bool(lo <= 0.175 <= hi)
+    True
+    """
+    y, p = _check_pair(y_true, y_prob)
+    _check_binning(n_bins, strategy)
+    g = np.asarray(groups)
+    if g.shape != y.shape:
+        raise ValueError(f"groups must have the length of y_true: {g.size} != {y.size}")
+    if isinstance(n_resamples, bool) or not isinstance(n_resamples, (int, np.integer)) or n_resamples < 1:
+        raise ValueError(f"n_resamples must be an integer >= 1, got {n_resamples!r}")
+    if not 0 < confidence_level < 1:
+        raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level!r}")
+    if not y.size:
+        return math.nan, math.nan
+    _, gidx = np.unique(g, return_inverse=True)
+    weights = _multinomial_weights(int(gidx.max()) + 1, n_resamples, seed)
+    b = _binned(y, p, n_bins, strategy)
+    return _interval(_ece(b), _resampled_ece(weights, gidx, b, p, y), confidence_level)
+
+
+def _multinomial_weights(n_groups: int, n_resamples: int, seed: int) -> np.ndarray:
+    """[n_resamples, n_groups]: how often each group is drawn in each resample."""
+    rng = np.random.default_rng(seed)
+    return rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_resamples).astype(np.float64)
+
+
+def _resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: _Bins, p: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """ECE of each resample (row of ``weights``) with the bins of ``b``."""
+    n_groups, n_bins = weights.shape[1], b.count.size
+    cell = gidx * n_bins + b.ids
+    size = n_groups * n_bins
+    pc = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
+    count = np.bincount(cell, minlength=size).reshape(n_groups, n_bins)
+    psum = np.bincount(cell, weights=pc, minlength=size).reshape(n_groups, n_bins)
+    ysum = np.bincount(cell, weights=y, minlength=size).reshape(n_groups, n_bins)
+    total = weights @ count.sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.abs(weights @ psum - weights @ ysum).sum(axis=1) / total
+
+
+def _interval(value: float, samples: np.ndarray, level: float) -> tuple[float, float]:
+    """``value +- z * SE`` with the resamples' standard error, clipped to [0, 1] (see above)."""
+    samples = samples[np.isfinite(samples)]
+    if samples.size < 2 or not np.isfinite(value):
+        return math.nan, math.nan
+    half = float(ndtri((1 + level) / 2)) * float(samples.std(ddof=1))
+    return max(0.0, value - half), min(1.0, value + half)
