@@ -80,7 +80,7 @@ def test_head_miscalibration_and_sts_are_pinned_too(tmp_path):
 def test_the_batch_drafts_bit_for_bit_what_the_per_request_reference_drafts(temperature):
     """``draft_blocks`` (the engine's path) equals ``draft_block`` (the readable reference) row for row,
     for every workload profile, so the pins above guard the model and not one implementation."""
-    from dspark_obs.emulator import model
+    from dspark_obs.emulator import model, streams
     from dspark_obs.emulator.workloads import PROFILES
 
     gamma, head_t = 6, np.array([0.95, 0.9, 0.85, 0.8, 0.75, 0.7])
@@ -88,7 +88,7 @@ def test_the_batch_drafts_bit_for_bit_what_the_per_request_reference_drafts(temp
     for i, profile in enumerate(list(PROFILES.values()) * 4):
         tracks.append(model.TargetTrack(seed=3, prompt_key=100 + i, sample_key=7, profile=profile,
                                         temperature=temperature, natural_len=30 + 9 * i))
-        keys.append(model.StreamKey.of((3, 100 + i, 7)))
+        keys.append(streams.StreamKey.of((3, 100 + i, 7)))
         first.append(5 * i)
     greedy = [temperature == 0.0] * len(tracks)
     batch = model.draft_blocks(tracks, keys, first, gamma=gamma, head_temperature=head_t, greedy=greedy)
@@ -100,3 +100,10 @@ def test_the_batch_drafts_bit_for_bit_what_the_per_request_reference_drafts(temp
         assert np.array_equal(one.draft_logprob, batch.draft_logprob[i])
         assert one.block_accept == batch.block_accept[i]
         assert one.expected_block_accept == batch.expected_block_accept[i]
+
+
+def test_the_column_path_draws_what_numpy_draws():
+    """If a numpy release ever draws differently, the batch path turns itself off (correct but slow): say so."""
+    from dspark_obs.emulator import streams
+
+    assert streams._self_check()

@@ -32,6 +32,7 @@ import numpy as np
 from dspark_obs import costtable as ct
 from dspark_obs.emulator import model
 from dspark_obs.emulator.dumper import ALL_COMPONENTS, InfoDumper
+from dspark_obs.emulator.streams import StreamKey
 from dspark_obs.emulator.workloads import profile_for
 from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
 
@@ -119,7 +120,7 @@ class _Running:
     cap_hist: list[int] = field(default_factory=list)
     block_accept_tokens: int = 0
     # draft_key's SeedSequence, premixed once (model.draft_blocks mixes in the anchor position).
-    stream_key: Optional[model.StreamKey] = None
+    stream_key: Optional[StreamKey] = None
 
 
 def tokenize(text: str) -> list[int]:
@@ -506,7 +507,7 @@ class Engine:
             self._submitted += 1
             run = _Running(req=req, input_ids=input_ids, track=track,
                            draft_key=(seed, prompt_key, sample_key, 3),
-                           stream_key=model.StreamKey.of((seed, prompt_key, sample_key, 3)),
+                           stream_key=StreamKey.of((seed, prompt_key, sample_key, 3)),
                            end=end, finish_reason=reason, pool_index=-1,
                            submitted_clock=rank.clock, future=fut)
             rank.waiting.append(run)
