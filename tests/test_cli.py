@@ -96,3 +96,18 @@ def test_help_lists_every_command():
     result = runner.invoke(app, ["--help"])
     for name in ("emulate", "collect", "sql", "demo", "queries"):
         assert name in result.output
+
+
+def test_no_help_text_loses_a_placeholder_to_markdown():
+    """The CLI renders help as Markdown, which drops ``<name>`` as an HTML tag: placeholders are spelled NAME."""
+    import re
+
+    import typer
+
+    tag = re.compile(r"<[A-Za-z][^<>]*>")
+    root = typer.main.get_command(app)
+    lost = []
+    for name, command in root.commands.items():
+        texts = [command.help or ""] + [getattr(p, "help", None) or "" for p in command.params]
+        lost += [f"{name}: {t}" for t in texts if tag.search(t)]
+    assert lost == []

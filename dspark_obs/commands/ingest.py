@@ -27,7 +27,7 @@ def ingest(
     request_log: list[Path] = typer.Option([], help="SGLang --log-requests-format json lines and/or --export-metrics-to-file lines; repeatable."),
     estimator_jsonl: list[Path] = typer.Option([], help="SGLang's block-accept estimator JSONL (SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH) -> estimator_records; repeatable."),
     sps_table: list[Path] = typer.Option([], help="Cost table JSON (1-D or additive, --speculative-dspark-sps-table-path) -> cost_tables; repeatable."),
-    sps_records: list[Path] = typer.Option([], help="SPS profiler <stem>.records.jsonl / <stem>.rounds.jsonl / <out>.manifest.json -> sps_records, sps_rounds; repeatable."),
+    sps_records: list[Path] = typer.Option([], help="SPS profiler STEM.records.jsonl / STEM.rounds.jsonl / OUT.manifest.json -> sps_records, sps_rounds; repeatable."),
     sts: list[Path] = typer.Option([], help="STS calibration JSON (--speculative-dspark-confidence-sts-path) -> sts_calibrations; repeatable."),
     workload_map: Optional[Path] = typer.Option(None, help="CSV with columns rid,workload; overrides the rid pattern."),
     rid_pattern: Optional[str] = typer.Option(None, help="Regex for the workload in a rid (named group 'workload' or group 1). Default: the text before the last '-' when the rest is a number."),
