@@ -3,9 +3,13 @@
 These mirror ``DecodeStepRecord`` and ``ReqDetail`` in
 ``sglang/srt/speculative/dspark_components/dspark_observability.py`` field for
 field, with the same defaults and ``omit_defaults=True``: a field equal to its
-default is absent from the JSON.  The emulator encodes with them and the
-collector decodes with them, so both speak exactly what a real server speaks.
-The fidelity tier checks them against SGLang's own structs.
+default is absent from the JSON.  The emulator encodes with them, so it
+speaks exactly what a real server speaks.  The collector decodes with its own
+contract of the same fields (``collectors/sglang/decode.py``: the same names and
+defaults, plus the Arrow columns' integer ranges, so a bad value is one dead
+letter rather than a failed write).  The fidelity tier checks both against
+SGLang's own structs: these field for field, the collector by decoding what
+SGLang's structs encode.
 """
 
 from __future__ import annotations
