@@ -33,7 +33,7 @@ def calibrate(
                                            "(all = every kind the store supports for this run)."),
     companion: Optional[str] = typer.Option(None, help="Cap-accept companion run for --labels companion "
                                                        "(default: the run stored with companion_of = RUN)."),
-    bootstrap: int = typer.Option(1000, help="Request-level bootstrap resamples for the ECE's 95% CI; 0 = no CI."),
+    bootstrap: int = typer.Option(1000, help="Request-level bootstrap resamples for the ECE's 95% CI (ECE ± 1.96 bootstrap SE, as the report draws it); 0 = no CI."),
     seed: int = typer.Option(0, help="Seed of the bootstrap (same seed, same interval)."),
     fit_sts: Optional[Path] = typer.Option(None, "--fit-sts", help="Also fit STS temperatures and write SGLang's "
                                            "JSON here (serve it with --speculative-dspark-confidence-sts-path)."),
