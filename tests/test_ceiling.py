@@ -345,3 +345,19 @@ def test_jsonl_errors_name_the_row():
         logprobs_from_sglang_jsonl([{"rid": "r", "fct": 1, "w": 1, "cl": 1, "q_lp": [0, 0]}], gamma=4)
     with pytest.raises(ValueError, match=r"row 0: expected an object with 'rid'"):
         logprobs_from_sglang_jsonl([[1, 2]], gamma=4)
+
+
+def test_summary_bootstrap_in_blocks_draws_the_resamples_of_one_draw():
+    """The request bootstrap is drawn 64 resamples at a time (bounded memory); its interval is the
+    percentile interval of the very resamples one [B, R] draw gives."""
+    from dspark_obs.estimators import ceiling_stats
+
+    rng = np.random.default_rng(3)
+    r, b = 500, 150  # 150 resamples: two full blocks and a partial one
+    sums, den = rng.random((r, 2)), rng.integers(1, 9, r).astype(float)
+    values, ci = ceiling_stats._bootstrap_ratios(sums, den, [(0, 1)], n_bootstrap=b, rng=np.random.default_rng(7))
+    w = np.random.default_rng(7).multinomial(r, np.full(r, 1.0 / r), size=b).astype(float)
+    num, d = w @ sums, w @ den
+    boot = np.column_stack([num / d[:, None], num[:, 0] / num[:, 1]])
+    np.testing.assert_allclose(ci, np.percentile(boot, [2.5, 97.5], axis=0), rtol=1e-12)
+    np.testing.assert_allclose(values, [*(sums.sum(0) / den.sum()), sums[:, 0].sum() / sums[:, 1].sum()])

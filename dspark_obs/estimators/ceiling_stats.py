@@ -39,6 +39,9 @@ def _groups(labels: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return groups
 
 
+_RESAMPLE_BLOCK = 64  # bootstrap resamples drawn and reduced at a time
+
+
 def _bootstrap_ratios(sums: np.ndarray, den: np.ndarray, ratio_pairs: list[tuple[int, int]], *,
                       n_bootstrap: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Point values and 95% percentile intervals of sum(num)/sum(den) per column, plus
@@ -58,8 +61,13 @@ def _bootstrap_ratios(sums: np.ndarray, den: np.ndarray, ratio_pairs: list[tuple
     values = stats(sums.sum(axis=0), np.asarray(den.sum()))
     if n_bootstrap <= 0 or r < 2:
         return values, np.stack([values, values])
-    weights = rng.multinomial(r, np.full(r, 1.0 / r), size=n_bootstrap).astype(np.float64)  # [B, R]
-    boot = stats(weights @ sums, weights @ den)
+    # Resamples drawn a block at a time: the same stream as one [B, R] draw, without holding
+    # it (1000 resamples of 200k requests would be 1.6 GB of weights, twice over).
+    p = np.full(r, 1.0 / r)
+    boot = np.empty((n_bootstrap, values.size))
+    for start in range(0, n_bootstrap, _RESAMPLE_BLOCK):
+        weights = rng.multinomial(r, p, size=min(_RESAMPLE_BLOCK, n_bootstrap - start)).astype(np.float64)
+        boot[start:start + weights.shape[0]] = stats(weights @ sums, weights @ den)
     return values, np.nanpercentile(boot, [2.5, 97.5], axis=0)
 
 
