@@ -239,3 +239,16 @@ def test_cli_refuses_to_fit_when_the_server_ran_sts_and_none_is_given(tmp_path):
     assert res.exit_code == 2, res.output
     assert "pass that file as --current-sts" in res.output.replace("\n", " ")
     assert not (tmp_path / "o.json").exists()
+
+
+def test_the_grid_is_scored_in_blocks_with_the_same_eces(monkeypatch):
+    """Large runs score a few temperatures at a time (bounded memory); every ECE is unchanged."""
+    rng = np.random.default_rng(4)
+    z = rng.normal(1.0, 2.0, size=(3000, 3))
+    y = (rng.random((3000, 3)) < 1 / (1 + np.exp(-z / 1.7))).astype(float)
+    whole = sts.fit_sts(z, y)
+    monkeypatch.setattr(sts, "_GRID_CELLS", 7000)  # two temperatures per block
+    blocked = sts.fit_sts(z, y)
+    monkeypatch.setattr(sts, "_GRID_CELLS", 1)  # one at a time
+    single = sts.fit_sts(z, y)
+    assert whole == blocked == single

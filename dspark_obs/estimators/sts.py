@@ -132,8 +132,24 @@ def _finite(x: float) -> float:
     return float(x) if math.isfinite(x) else 0.0
 
 
+_GRID_CELLS = 1 << 23  # temperatures x samples evaluated at once: ~64 MB per float64 array
+
+
 def _grid_ece(prev: np.ndarray, z: np.ndarray, y: np.ndarray, temps: np.ndarray, n_bins: int) -> np.ndarray:
-    """ECE of ``prev * sigmoid(z / T)`` for every T in ``temps`` at once (SGLang's binning)."""
+    """ECE of ``prev * sigmoid(z / T)`` for every T in ``temps`` (SGLang's binning).
+
+    As many temperatures at once as fit in ``_GRID_CELLS`` cells (one at a time
+    on a run of millions of steps, where the whole grid would take gigabytes);
+    each temperature's ECE is the same whatever the block.
+    """
+    step = max(1, _GRID_CELLS // max(len(y), 1))
+    if len(temps) <= step:
+        return _grid_ece_block(prev, z, y, temps, n_bins)
+    return np.concatenate([_grid_ece_block(prev, z, y, temps[i:i + step], n_bins)
+                           for i in range(0, len(temps), step)])
+
+
+def _grid_ece_block(prev: np.ndarray, z: np.ndarray, y: np.ndarray, temps: np.ndarray, n_bins: int) -> np.ndarray:
     probs = prev[None, :] / (1.0 + np.exp(-z[None, :] / temps[:, None]))
     probs = np.clip(probs, EPS_PROB, 1.0 - EPS_PROB)
     ids = np.clip((probs * n_bins).astype(np.int64), 0, n_bins - 1) + n_bins * np.arange(len(temps))[:, None]
