@@ -489,27 +489,39 @@ def _companion_truth(con, run: str, reqs: pa.Table) -> Optional[np.ndarray]:
 
 
 def _ceiling(con, run: str, reqs: pa.Table, gamma: int) -> Optional[tuple[np.ndarray, ...]]:
-    """The ``ceiling`` result table's ``(lo, mid, hi)`` (drafts, 0..gamma) for ``run``, if any.
+    """The ``ceiling`` result table's ``(lo, mid, hi)`` (drafts, 0..gamma) for ``run``, row for row of ``reqs``.
 
-    When several methods were stored, ``default`` wins over the others.
+    When several methods were stored, ``default`` wins over the others.  The
+    join runs in DuckDB (a run of millions of steps as Python tuples would take
+    gigabytes); steps without a ceiling row get NaN.
     """
     views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     if "ceiling" not in views:
         return None
+    keys = pa.table({"i": pa.array(np.arange(reqs.num_rows, dtype=np.int64)),
+                     **{c: reqs.column(c) for c in ("rid", "forward_ct", "dp_rank", "segment")}})
+    con.register("_replay_ceiling_keys", keys)
     try:
-        rows = con.sql(
-            "SELECT rid, forward_ct, dp_rank, segment, lo, mid, hi FROM ceiling WHERE run_id = $run "
-            "ORDER BY coalesce(method, '') = 'default'", params={"run": run}).fetchall()
+        if not con.sql("SELECT count(*) FROM ceiling WHERE run_id = $run", params={"run": run}).fetchall()[0][0]:
+            return None
+        got = con.sql("""
+            WITH c AS (
+                SELECT rid, forward_ct, dp_rank, segment, lo, mid, hi FROM ceiling WHERE run_id = $run
+                QUALIFY row_number() OVER (PARTITION BY rid, forward_ct, dp_rank, segment
+                                           ORDER BY coalesce(method, '') = 'default' DESC) = 1
+            )
+            SELECT c.lo, c.mid, c.hi
+            FROM _replay_ceiling_keys AS k
+            LEFT JOIN c ON c.rid IS NOT DISTINCT FROM k.rid AND c.forward_ct = k.forward_ct
+                       AND c.dp_rank = k.dp_rank AND c.segment IS NOT DISTINCT FROM k.segment
+            ORDER BY k.i""", params={"run": run}).to_arrow_table()
     except Exception:  # a ceiling table of another shape: fall back to the survival expectation
         return None
-    if not rows:
-        return None
-    lookup = {(r, f, d, g): (lo, mid, hi) for r, f, d, g, lo, mid, hi in rows}  # 'default' rows last: win
-    keys = zip(reqs.column("rid").to_pylist(), reqs.column("forward_ct").to_pylist(),
-               reqs.column("dp_rank").to_pylist(), reqs.column("segment").to_pylist())
-    vals = np.array([lookup.get(k, (np.nan,) * 3) for k in keys], dtype=np.float64).reshape(-1, 3)
-    vals = np.clip(vals, 0.0, gamma)
-    return vals[:, 0], vals[:, 1], vals[:, 2]
+    finally:
+        con.unregister("_replay_ceiling_keys")
+    vals = [np.clip(got.column(c).to_numpy(zero_copy_only=False).astype(np.float64), 0.0, gamma)
+            for c in ("lo", "mid", "hi")]
+    return vals[0], vals[1], vals[2]
 
 
 def planning_table(con, run: str) -> tuple[ct.CostTable, str]:
