@@ -360,10 +360,16 @@ def _resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: _Bins, p: np.ndarra
         return np.abs(weights @ psum - weights @ ysum).sum(axis=1) / total
 
 
-def _interval(value: float, samples: np.ndarray, level: float) -> tuple[float, float]:
-    """``value +- z * SE`` with the resamples' standard error, clipped to [0, 1] (see above)."""
+def _interval(value: float, samples: np.ndarray, level: float, *, lower: float | None = 0.0) -> tuple[float, float]:
+    """``value +- z * SE`` with the resamples' standard error, clipped to [lower, 1] (see above).
+
+    The one interval of every bootstrapped calibration figure (``calibrate`` and
+    ``report``); ``lower=None`` leaves the lower end unclipped (the debiased ECE
+    may be negative).
+    """
     samples = samples[np.isfinite(samples)]
     if samples.size < 2 or not np.isfinite(value):
         return math.nan, math.nan
     half = float(ndtri((1 + level) / 2)) * float(samples.std(ddof=1))
-    return max(0.0, value - half), min(1.0, value + half)
+    lo = value - half
+    return (lo if lower is None else max(lower, lo)), min(1.0, value + half)

@@ -26,6 +26,7 @@ import pandas as pd
 
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators import calibration_metrics as cal_metrics
 from dspark_obs.report.bootstrap import calibration_replicates, resampled_metrics
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Drift, Figure
@@ -123,17 +124,17 @@ def _boot_se(replicates: np.ndarray) -> float | None:
 
 def _normal_interval(value: float | None, replicates: np.ndarray, metric: str
                      ) -> tuple[float | None, float | None]:
-    """``value +- 1.96 SE`` with the bootstrap SE, kept within the metric's range.
+    """``value +- 1.96 SE`` with the bootstrap SE, kept within the metric's range (``calibrate``'s interval).
 
     Not the percentile interval: the ECE's replicates sit above the ECE (its
     sampling bias, which the debiased ECE removes), so a percentile interval
     can miss the estimate altogether.
     """
-    se = _boot_se(replicates)
-    if value is None or se is None or not np.isfinite(value):
+    if value is None:
         return None, None
-    lo, hi = value - Z95 * se, min(1.0, value + Z95 * se)
-    return (lo if metric == "debiased_ece" else max(0.0, lo)), hi
+    lo, hi = cal_metrics._interval(value, np.asarray(replicates, dtype=np.float64), 0.95,
+                                   lower=None if metric == "debiased_ece" else 0.0)
+    return (None, None) if np.isnan(lo) else (lo, hi)
 
 
 def _value(row: dict | None, column: str, fallback: float) -> float | None:
