@@ -322,11 +322,16 @@ def sql(
     """Run DuckDB SQL over the store: one view per table, plus canned queries by name.
 
     Views: runs, steps, step_reqs, requests, tokens, gaps, dead_letters, and step_reqs_w
-    (step_reqs with workload, temperature and window = verify_len - 1).
+    (step_reqs with workload, temperature and window = verify_len - 1); quarantined_files lists
+    unreadable part files moved aside (see `dspark-obs doctor`).
+
+    Read-only at the engine level: each statement runs on a connection of its own that cannot
+    open or write any file; only SELECT, EXPLAIN [ANALYZE] SELECT and catalogue PRAGMAs run.
 
     Example: `dspark-obs sql --data D "select workload, avg(verify_len) from step_reqs join requests using (run_id, rid) group by 1"`
     """
     from dspark_obs import sql as sqlmod
+    from dspark_obs import sql_readonly
 
     if format not in ("table", "csv", "json"):
         _fail(f"--format {format!r} is not one of table, csv, json")
@@ -334,13 +339,25 @@ def sql(
         _fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
     params = _parse_labels(param)
     try:
-        con = sqlmod.connect(data)
-        table = sqlmod.query(con, query, params or None, timeout_s=timeout, limit=limit)
+        table = sql_readonly.run(data, query, params or None, timeout_s=timeout, limit=limit)
     except sqlmod.QueryTimeout as exc:
+        _fail(str(exc))
+    except PermissionError as exc:
         _fail(str(exc))
     except Exception as exc:  # duckdb errors carry the position of the mistake
         _fail(f"query failed: {exc}")
     typer.echo(sqlmod.format_result(table, format))
+    _warn_quarantined(data)
+
+
+def _warn_quarantined(data: Path) -> None:
+    """Say on stderr when part files were moved aside as unreadable (the query ran without them)."""
+    from dspark_obs import quarantine
+
+    moved = quarantine.listing(data).num_rows
+    if moved:
+        typer.echo(f"warning: {moved} unreadable part file(s) of this store are quarantined and not read; "
+                   "list them with `dspark-obs doctor --data D` or `select * from quarantined_files`", err=True)
 
 
 @app.command("queries")

@@ -37,7 +37,6 @@ MACRO_DIR = SQL_DIR / "macros"
 _ROOT_VAR = "dspark_obs_root"
 _FILLED_VAR = "dspark_obs_filled"  # tables whose view reads files (the rest are empty views)
 _READ_ONLY_VAR = "dspark_obs_read_only"
-_READ_ONLY_TYPES = {"SELECT", "EXPLAIN", "PRAGMA"}
 _PARAM_DEFAULT = re.compile(r"^--\s+\$(\w+)\b.*?\bdefault\s+(NULL|-?\d+(?:\.\d+)?|'[^']*')", re.I)
 
 
@@ -69,7 +68,11 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     the building blocks the canned queries share.
 
     ``read_only=True`` limits file access to ``root`` and locks the
-    configuration; :func:`query` then accepts only SELECT, EXPLAIN and PRAGMA.
+    configuration; :func:`query` then accepts only reading statements
+    (:func:`dspark_obs.sql_readonly.check_statement`).  This connection is for
+    the package's own SQL (estimators, dashboard charts); SQL a person typed
+    goes through :func:`dspark_obs.sql_readonly.run`, whose engine cannot reach
+    any file.  ``quarantined_files`` lists part files moved aside as unreadable.
     """
     from dspark_obs import objstore
 
@@ -153,12 +156,19 @@ def refresh(con: duckdb.DuckDBPyConnection) -> None:
     """
     from dspark_obs import objstore
 
+    from dspark_obs import quarantine
+
     root = _variable(con, _ROOT_VAR)
     if root is None:
         return
+    if not objstore.is_url(root):
+        moved = quarantine.sweep(root)  # one truncated file must not fail the whole view
+        if moved or "quarantined_files" not in _views(con):
+            con.register("_dspark_obs_quarantine", quarantine.listing(root))
+            con.execute("CREATE OR REPLACE VIEW quarantined_files AS SELECT * FROM _dspark_obs_quarantine")
     schema.load_result_schemas()
     filled = set(_variable(con, _FILLED_VAR) or [])
-    views = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
+    views = _views(con)
     now_filled = _tables_with_files(root)
     if objstore.is_url(root):
         root = _object_store(root).root
@@ -181,6 +191,10 @@ LEFT JOIN (
     FROM requests GROUP BY run_id, rid
 ) AS q ON s.run_id = q.run_id AND s.rid = q.rid
 """
+
+
+def _views(con: duckdb.DuckDBPyConnection) -> set[str]:
+    return {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
 
 
 def _variable(con: duckdb.DuckDBPyConnection, name: str) -> Any:
@@ -272,9 +286,10 @@ def query(
         raise ValueError(f"expected exactly one SQL statement, got {len(statements)}; run them one at a time")
     statement = statements[0]
     kind = statement.type.name
-    if _variable(con, _READ_ONLY_VAR) and kind not in _READ_ONLY_TYPES:
-        raise PermissionError(f"read-only connection: {kind} statements are not allowed (only "
-                              f"{', '.join(sorted(_READ_ONLY_TYPES))}); open with connect(root, read_only=False)")
+    if _variable(con, _READ_ONLY_VAR):
+        from dspark_obs.sql_readonly import check_statement
+
+        check_statement(statement)  # on DuckDB's parse, never on the text
     if is_canned:  # a default the text no longer uses would be a DuckDB error
         unknown = set(params) - statement.named_parameters
         if unknown:
@@ -400,14 +415,15 @@ def format_result(table: pa.Table, fmt: Literal["table", "csv", "json"] = "table
 def _rich_table(table: pa.Table, names: list[str], rows: list[dict]) -> str:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     out = Table(show_edge=True, header_style="bold")
     for name, col in zip(names, table.columns):
         numeric = pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)
-        out.add_column(name, justify="right" if numeric else "left", overflow="fold")
+        out.add_column(Text(name), justify="right" if numeric else "left", overflow="fold")
     cells = [[_cell(r[k]) if r[k] is not None else "null" for k in names] for r in rows]
-    for row in cells:
-        out.add_row(*row)
+    for row in cells:  # stored strings are text, never rich markup ('[/x]' once crashed the table)
+        out.add_row(*(Text(c) for c in row))
     widths = [max([len(n), *(len(row[i]) for row in cells)]) for i, n in enumerate(names)]
     console = Console(file=io.StringIO(), width=max(80, sum(widths) + 3 * len(names) + 4),
                       color_system=None, force_terminal=False, highlight=False)

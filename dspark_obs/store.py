@@ -13,7 +13,9 @@ Why this shape:
 * ``run_id`` lives in the directory name (hive partitioning), so DuckDB and
   pyarrow can prune runs without opening files.
 * Readers only look at ``part-*.parquet``; anything else (a ``.tmp`` left by a
-  crash, a stray file) is ignored.
+  crash, a stray file) is ignored.  A part file damaged after the fact is moved
+  to ``<root>/_quarantine/`` by the first reader that meets it
+  (:mod:`dspark_obs.quarantine`), so it never fails the rest of the store.
 
 The ``runs`` table holds one row per run; :meth:`Store.upsert_run` replaces it
 by writing a newer part file and deleting the older ones afterwards.  While
@@ -201,8 +203,14 @@ class Store:
             )
             try:
                 return dataset.to_table()
-            except (FileNotFoundError, OSError):
-                if attempt == 2 or all(p.exists() for p in files):
+            except (pa.ArrowInvalid, OSError):
+                from dspark_obs import quarantine
+
+                if attempt == 2:
+                    raise
+                if quarantine.sweep(self.root):  # a damaged part file was moved aside: read the rest
+                    continue
+                if all(p.exists() for p in files):  # else an upsert deleted a file we listed: list again
                     raise
         raise AssertionError("unreachable")
 

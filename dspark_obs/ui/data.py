@@ -4,6 +4,8 @@ Every number on the dashboard comes from a canned query in ``dspark_obs/sql``
 (``ui_*.sql``) that aggregates in DuckDB, run through :func:`dspark_obs.sql.query`
 (read-only connection, time limit).  :func:`run_query` is the plain function;
 :class:`DataSource` wraps it in Streamlit's caches: one connection per data root
+for the package's own queries — the SQL console runs each typed statement on a
+connection of its own (:mod:`dspark_obs.sql_readonly`)
 (guarded by a lock: a DuckDB connection serves one query at a time) and one
 cached result per (data root, :meth:`Store.version`, query, parameters), so a
 rerun or a page switch costs nothing until a file is added to the store.
@@ -117,15 +119,10 @@ def _connection(root: str) -> _Connection:
     return _Connection(root)
 
 
-def _console_connection(root: str) -> _Connection:
-    return _Connection(root)
-
-
 try:  # wrap in Streamlit's caches when Streamlit is importable (it is a dependency)
     import streamlit as st
 
     _connection = st.cache_resource(show_spinner=False)(_connection)
-    _console_connection = st.cache_resource(show_spinner=False)(_console_connection)
     _cached = st.cache_data(show_spinner=False, max_entries=512)(_cached)
     _tables = st.cache_data(show_spinner=False, max_entries=64)(_tables)
 except ImportError:  # pragma: no cover
@@ -173,7 +170,11 @@ class DataSource:
         return conn.con, conn.lock
 
     def console(self, sql_text: str, params: dict[str, Any] | None, *, limit: int, timeout_s: float):
-        """Run a console statement (read-only, not cached) on the console's own connection; an Arrow table."""
-        conn = _console_connection(self.root)
-        with conn.lock:
-            return sqlmod.query(conn.con, sql_text, params or None, timeout_s=timeout_s, limit=limit)
+        """Run a console statement on a connection of its own (read-only at the engine level); an Arrow table.
+
+        Never the shared chart connection: one browser session's statement must
+        not change what another session sees (see :mod:`dspark_obs.sql_readonly`).
+        """
+        from dspark_obs import sql_readonly
+
+        return sql_readonly.run(self.root, sql_text, params or None, timeout_s=timeout_s, limit=limit)

@@ -13,8 +13,8 @@ from dspark_obs.ui.data import query_parameters
 ds, f = widgets.context()
 st.title("SQL console")
 st.caption("Read-only DuckDB over the store: one view per table (plus `step_reqs_w`: step_reqs with workload, "
-           "temperature and window). Only SELECT, EXPLAIN and PRAGMA run; files outside the data root are "
-           "unreachable; the sidebar filters do not apply here. The same views answer "
+           "temperature and window; `quarantined_files`). Only SELECT, EXPLAIN [ANALYZE] SELECT and catalogue "
+           "PRAGMAs run, each on a connection of its own that cannot open or write any file; the sidebar filters do not apply here. The same views answer "
            "`dspark-obs sql --data D \"...\"`.")
 if ds.empty:
     widgets.empty_store_notice(ds)
@@ -71,9 +71,8 @@ with widgets.guard("SQL console"):
         except sqlmod.QueryTimeout:
             st.error(f"The query ran longer than the time limit of {timeout:g} s and was stopped: raise the limit "
                      "or narrow it with WHERE / LIMIT.", icon=":material/timer_off:")
-        except PermissionError:
-            st.error("The console is read-only: only SELECT, EXPLAIN and PRAGMA statements run "
-                     "(estimators write their tables through their own commands).", icon=":material/lock:")
+        except PermissionError as exc:  # the message names the statement type refused and what is allowed
+            st.error(f"The console is read-only. {exc}", icon=":material/lock:")
         except Exception as exc:  # DuckDB errors carry the position of the mistake
             st.error(f"Query failed: {exc}", icon=":material/error:")
         else:
