@@ -129,9 +129,15 @@ GAPS = pa.schema([
     _f("dp_rank", _i16, "DP rank", False),
     _f("first_missing_forward_ct", _i64, "first forward_ct possibly lost", False),
     _f("last_missing_forward_ct", _i64, "last forward_ct possibly lost", False),
-    _f("reason", _str, "deque_wrap | clear | server_restart | write_backlog | poll_error", False),
+    _f("reason", _str, "deque_wrap | clear | server_restart | write_backlog | write_failed | poll_error | "
+       "poll_stall | request_failed | request_steps_missing", False),
     _f("segment", _i32, "segment after the gap", False),
     _f("detected_at", _ts, "when the collector noticed", False),
+    _f("table_name", _str, "write_backlog / write_failed: the table whose rows were dropped; null otherwise"),
+    _f("rows_lost", _i64, "rows of table_name dropped (write_backlog / write_failed); request-steps missing"),
+    _f("duration_s", _f64, "poll_error / poll_stall: seconds without a usable /server_info body"),
+    _f("rid", _str, "request_failed / request_steps_missing: the request"),
+    _f("detail", _str, "what was seen, e.g. the error or spec_verify_ct vs stored request-steps"),
 ])
 
 DEAD_LETTERS = pa.schema([
