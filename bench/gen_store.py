@@ -41,6 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from dspark_obs.acceptance import expected_given_window  # noqa: E402
 from dspark_obs.emulator.engine import DEFAULT_HEAD_TEMPERATURE  # noqa: E402
 from dspark_obs.emulator.workloads import PROFILES  # noqa: E402
 from dspark_obs.store import Store  # noqa: E402
@@ -85,9 +86,9 @@ def _block(rng: np.random.Generator, first: int, n_req: int, gamma: int) -> dict
         alive = (p[:, None] + k) < natural[active, None]
         passed = (rng.random((n, gamma)) < c_true) & alive
         block = np.cumprod(passed, axis=1).sum(axis=1)
-        expected = np.cumprod(np.where(alive, c_true, 0.0), axis=1).sum(axis=1)
         window = np.clip((surv >= _THRESHOLD).sum(axis=1), 1, gamma)
         correct = np.minimum(block, window)
+        expected = expected_given_window(np.where(alive, c_true, 0.0), window, correct)
         realised = tokens[active[:, None], p[:, None] + k]
         other = (realised + 1 + rng.integers(0, 1000, (n, gamma))) % 31900 + 100
         drafts = np.where(k < block[:, None], realised, other)
@@ -167,7 +168,7 @@ def generate(root: str | Path, *, rows: int, gamma: int = 6, seed: int = 0, dp_s
             "confidence": _lists(b["conf"][keep], pa.float32()),
             "survival": _lists(b["surv"][keep], pa.float32()),
             "emu_block_accept": pa.array(b["block"][keep].astype(np.int16)),
-            "emu_expected_block_accept": pa.array(np.round(b["expected"][keep], 6).astype(np.float32)),
+            "emu_expected_given_window": pa.array(np.round(b["expected"][keep], 6).astype(np.float32)),
         }))
         for r in range(dp_size):
             f = fct[rank[req] == r]

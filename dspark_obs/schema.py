@@ -84,7 +84,8 @@ STEP_REQS = pa.schema([
     _f("confidence", pa.list_(_f32), "conditional acceptance c_k per position (after STS); null if not sent"),
     _f("survival", pa.list_(_f32), "S_k = c_1...c_k per position; null if not sent"),
     _f("emu_block_accept", _i16, "emulator only: drafts a full-block verify would accept (truth)"),
-    _f("emu_expected_block_accept", _f32, "emulator only: expected full-block acceptance given the drafts"),
+    _f("emu_expected_given_window", _f32, "emulator only: E[full-block accepted drafts | what the window showed] "
+       "(correct_drafts if a window draft was rejected, else w + sum_{k>w} prod_{w<i<=k} a_i)"),
 ])
 
 REQUESTS = pa.schema([

@@ -3,11 +3,11 @@
 Four runs: greedy and temperature-0.7 traffic, each on a compact server and on a
 cap-accept companion replaying the same requests.  The emulator exposes, per
 step, the full-block acceptance (``emu_block_accept``) and its expectation given
-the drafts (``emu_expected_block_accept``).
+the drafts (``emu_expected_given_window``).
 
 * greedy: the ceiling equals ``emu_block_accept`` exactly on every step whose
   tail lies inside the output (every category but ``censored_at_end``);
-* temperature: ``[lo, hi]`` covers ``emu_expected_block_accept`` on >= 90% of
+* temperature: ``[lo, hi]`` covers ``emu_expected_given_window`` on >= 90% of
   censored steps, and ``mid`` tracks it;
 * 8 equal-count bins of ``mid``: the mean cap-accept realisation lies inside the
   bin's mean ``[lo, hi]``.
@@ -49,7 +49,7 @@ def _joined(store: Store, run: str, method: str = "default"):
     """Ceiling rows of ``run`` with the step's emulator truth columns (write=False: nothing stored)."""
     result = estimate_run(store, run, method=method, n_bootstrap=200, write=False)
     con = sql.connect(store.root)
-    truth = con.sql("SELECT rid, dp_rank, forward_ct, emu_block_accept, emu_expected_block_accept "
+    truth = con.sql("SELECT rid, dp_rank, forward_ct, emu_block_accept, emu_expected_given_window "
                     "FROM step_reqs WHERE run_id = $run", params={"run": run}).to_arrow_table()
     joined = result.ceiling.join(truth, ["rid", "dp_rank", "forward_ct"]).to_pydict()
     cols = {k: np.asarray(v) for k, v in joined.items()}
@@ -92,7 +92,7 @@ def test_greedy_ceiling_equals_the_emulators_block_accept_inside_the_output(stor
 def test_temperature_interval_covers_the_expected_block_accept(store):
     _, c = _joined(store, "temp-compact")
     cen = c["censored"]
-    e = c["emu_expected_block_accept"].astype(float)
+    e = c["emu_expected_given_window"].astype(float)
     covered = (c["lo"] <= e + 1e-6) & (e <= c["hi"] + 1e-6)
     coverage = covered[cen].mean()
     bias = (c["mid"] - e)[cen].mean()
@@ -122,7 +122,7 @@ def test_sglang_baseline_on_the_same_run(store):
     result, c = _joined(store, "temp-compact", method="sglang")
     default, d = _joined(store, "temp-compact")
     cen = c["censored"]
-    e = c["emu_expected_block_accept"].astype(float)
+    e = c["emu_expected_given_window"].astype(float)
     cov = ((c["lo"] <= e + 1e-6) & (e <= c["hi"] + 1e-6))[cen].mean()
     mae_sglang, mae_default = np.abs(c["mid"] - e)[cen].mean(), np.abs(d["mid"] - e)[cen].mean()
     _print_bins("temperature, sglang baseline (no JSONL: a_k = head confidence)", _bins(result))

@@ -57,7 +57,7 @@ class _Req(msgspec.Struct):
     survival: Optional[list[float]] = None
     # Emulator-only truth; a real SGLang server never sends these.
     emu_block_accept: Optional[I16] = None
-    emu_expected_block_accept: Optional[float] = None
+    emu_expected_given_window: Optional[float] = None
 
 
 class _Record(msgspec.Struct):
@@ -357,7 +357,7 @@ _STEP_FIELDS = ("bs", "num_running_reqs", "mode", "budget", "lag_steps", "num_ve
                 "draft_gpu_ms", "target_verify_gpu_ms")
 _REQ_SCALARS = ("rid", "req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts", "cap_trim",
                 "bonus_token")
-_REQ_EMU = ("emu_block_accept", "emu_expected_block_accept")
+_REQ_EMU = ("emu_block_accept", "emu_expected_given_window")
 
 
 def _fast_reqs_table(records: list[_FastRecord], dp_rank: int, segment: int) -> pa.Table:
@@ -441,7 +441,7 @@ def _reqs_table(records: list[_Record], dp_rank: int, segment: int) -> pa.Table:
             cols["confidence"].append(q.confidence)
             cols["survival"].append(q.survival)
             cols["emu_block_accept"].append(q.emu_block_accept)
-            cols["emu_expected_block_accept"].append(q.emu_expected_block_accept)
+            cols["emu_expected_given_window"].append(q.emu_expected_given_window)
     return pa.Table.from_pydict(cols, schema=schema.schema_for("step_reqs"))
 
 

@@ -40,6 +40,9 @@ def estimate(
                                                 "logprobs make a_k = min(1, p/q) exact for the steps it covers."),
     bootstrap: int = typer.Option(1000, help="Request-level bootstrap resamples for the summary's 95% CIs; 0 = no CI."),
     seed: int = typer.Option(0, help="Seed of the bootstrap (same seed, same intervals)."),
+    temperature: Optional[float] = typer.Option(None, min=0.0, help="Sampling temperature of requests whose run "
+                                                "recorded none (0 = greedy), e.g. a run ingested from /generate "
+                                                "bodies. Default: inferred from the committed tokens' top-1."),
 ) -> None:
     """Estimate the hidden ceiling: what a full-block verify would have accepted, per request-step.
 
@@ -53,6 +56,12 @@ def estimate(
     * **temperature** requests: `lo`/`hi` bound the expected acceptance for any drafter, and `mid`
       is the expectation, learnt from the drafts this run did verify.  Give `--sglang-jsonl` for
       exact acceptance probabilities (tight intervals).
+
+    **Sampling** per request: the temperature the run recorded (driver, request log), else
+    `--temperature`, else inferred — a request that commits the target's top-1 everywhere, on an
+    output long enough that a sampled request would do so with probability under 1e-3, is greedy;
+    one token off the top-1 makes it sampled.  The counts are printed; `ceiling.sampling_source`
+    says which per step.
 
     Writes `ceiling` (lo/mid/hi in drafts, 0..gamma, and SGLang's category per step),
     `ceiling_summary` (per workload and `*`: accept lengths and utilisation = accepted / ceiling,
@@ -92,9 +101,11 @@ def estimate(
     try:
         with step_progress(f"estimating {run}") as progress:
             result = ceil.estimate_run(con, run, companion=companion, method=method, sglang_logprobs=logprobs,
-                                       n_bootstrap=bootstrap, seed=seed, progress=progress)
+                                       n_bootstrap=bootstrap, seed=seed, progress=progress,
+                                       temperature=temperature)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
+    err.print(_sampling_line(result.sampling_counts))
     if result.misaligned_requests:
         err.print(f"[yellow]warning:[/yellow] {len(result.misaligned_requests)} requests' tokens do not line up "
                   f"with their steps (e.g. {result.misaligned_requests[0]}); their trimmed drafts were not compared")
@@ -152,6 +163,17 @@ def _read_jsonl(path: Path) -> list[dict]:
         except ValueError as exc:
             fail(f"--sglang-jsonl {path} line {i} is not JSON ({exc}); is it the block-accept estimator's file?")
     return records
+
+
+def _sampling_line(counts: dict) -> str:
+    """Requests per sampling and how it is known, with the flag that fixes the unknown ones."""
+    parts = [f"{n} {kind} ({source})" for (kind, source), n in counts.items() if source != "unknown"]
+    unknown = sum(n for (_, source), n in counts.items() if source == "unknown")
+    line = "sampling: " + (", ".join(parts) or "none known")
+    if unknown:
+        line += (f"; [yellow]{unknown} unknown[/yellow] (estimated with the sampled rule): pass --temperature T, "
+                 "ingest a request log (--request-log), or collect with top_logprobs_num >= 1")
+    return line
 
 
 def _fmt(v, digits: int = 3) -> str:

@@ -29,6 +29,7 @@ from typing import Any, Optional
 import numpy as np
 
 from dspark_obs import costtable as ct
+from dspark_obs.acceptance import expected_given_window
 from dspark_obs.emulator import model
 from dspark_obs.emulator.dumper import ALL_COMPONENTS, InfoDumper
 from dspark_obs.emulator.estimator_jsonl import BlockAcceptRecorder
@@ -266,9 +267,9 @@ class _Rank:
         cap_trim_a = drafts.block_accept - correct_a if cap_accept else np.zeros_like(correct_a)
         windows, corrects, cap_trims = window_a.tolist(), correct_a.tolist(), cap_trim_a.tolist()
         block_accepts = drafts.block_accept.tolist()
+        expected = _round6(expected_given_window(drafts.accept_prob, window_a, correct_a))
         draft_lists = drafts.draft_tokens.tolist()
         realised = drafts.realised.tolist()
-        expected = _round6(drafts.expected_block_accept)
         sent = cfg.mode != "static"
         conf_lists = np.round(conf.astype(np.float64), 4).tolist() if sent else None
         surv_lists = np.round(surv.astype(np.float64), 4).tolist() if sent else None
@@ -298,7 +299,7 @@ class _Rank:
                 detail["survival"] = surv_lists[i]
             if truth:
                 detail["emu_block_accept"] = block_accepts[i]
-                detail["emu_expected_block_accept"] = expected[i]
+                detail["emu_expected_given_window"] = expected[i]
             reqs.append(detail)
             if estimating:
                 estimator_rows.append({

@@ -102,6 +102,8 @@ class TargetTrack:
         pos = start + np.arange(n * chunks)
         eos_row = pos == self.natural_len - 1
         cand[eos_row, 0] = EOS_TOKEN_ID
+        # The target ends where EOS is its top-1 (so a greedy output is the top-1 everywhere, as a real one is).
+        raw[eos_row, 0] = np.maximum(raw[eos_row, 0], raw[eos_row, 1:].max(axis=1) + 0.5)
         temp = self.temperature if self.temperature > 0 else 1.0
         logp = np.log(_softmax(raw / temp))
         if self.temperature > 0:
@@ -142,7 +144,7 @@ class DraftBlock:
     confidence: np.ndarray  # [gamma] float32, as the head reports it
     draft_logprob: np.ndarray  # [gamma] log q(d_k)
     block_accept: int  # drafts a full-block verify accepts (leading d_k == x)
-    expected_block_accept: float  # sum_k prod_{i<=k} min(1, p(d_i)/q(d_i))
+    accept_prob: np.ndarray  # [gamma] a_k = min(1, p(d_k)/q(d_k)) (greedy: 1[d_k == argmax p])
 
 
 def draft_block(track: TargetTrack, rng: np.random.Generator, *, first_pos: int, gamma: int,
@@ -194,7 +196,7 @@ def draft_block(track: TargetTrack, rng: np.random.Generator, *, first_pos: int,
         confidence=confidence.astype(np.float32),
         draft_logprob=np.log(np.maximum(q_d, 1e-12)),
         block_accept=first_reject,
-        expected_block_accept=float(np.cumprod(a).sum()),
+        accept_prob=a,
     )
 
 
@@ -210,7 +212,7 @@ class DraftBatch:
     confidence: np.ndarray  # float32, as the head reports it
     draft_logprob: np.ndarray  # log q(d_k)
     block_accept: np.ndarray  # [B] int64
-    expected_block_accept: np.ndarray  # [B] float64
+    accept_prob: np.ndarray  # float64 a_k per drafted position (see DraftBlock)
     realised: np.ndarray  # [B, gamma + 1] committed token ids at first_pos .. first_pos + gamma
 
 
@@ -295,6 +297,6 @@ def draft_blocks(tracks: Sequence[TargetTrack], keys: Sequence[StreamKey], first
         confidence=confidence.astype(np.float32),
         draft_logprob=np.log(np.maximum(q_d, 1e-12)),
         block_accept=first_reject.astype(np.int64),
-        expected_block_accept=np.cumprod(a, axis=1).sum(axis=1),
+        accept_prob=a,
         realised=np.where(realised_pos >= natural[:, None], NO_TOKEN, tok),
     )

@@ -17,14 +17,20 @@ is hidden.  This module estimates it per request-step from the committed output
   head's confidence ``c_k`` stands in for ``a_k``.  ``method="default"``
   separates what is known from what is estimated:
 
-  - ``lo``/``hi`` are bounds that hold for any drafter: ``a_k`` exact where
-    ``p_k`` and ``q_k`` are known, else ``p_k <= a_k <= 1`` (``q <= 1``; ``p_k``
-    from the realised token's logprob or the top-k, 0 when unknown), and the
-    unverifiable rest between none and all accepted (none after EOS);
-  - ``mid`` is the expectation: ``a_k`` from an acceptance model fitted on the
-    run's own verified in-window drafts (head confidence as the prior, top-k
-    evidence as the update; see :mod:`ceiling_prior`), and the unverifiable
-    rest accepted with the head's calibrated conditional confidences.
+  - when the head's confidence is (a monotone map of) the drafter's
+    probability of its draft — a real drafter's softmax, or a separate head of
+    it — the *drafter map* ``q̂ = g(c)`` is learnt from the verified drafts
+    (:mod:`ceiling_drafter`) and the walked drafts get ``a_k = min(1, p_k / q̂_k)``,
+    with ``lo``/``hi`` from the map's standard errors (``q̂ ± 1.96 se``);
+  - otherwise (a head trained on acceptance, like the emulator's) ``a_k`` comes
+    from an acceptance model fitted on the run's verified drafts (confidence as
+    the prior, top-k evidence as the update; :mod:`ceiling_prior`), with
+    ``lo``/``hi`` bounds that hold for any drafter (``p_k <= a_k <= 1``);
+    which of the two explains the verified outcomes better (log-likelihood) is
+    chosen per run;
+  - ``a_k`` is exact where SGLang's JSONL gives ``q_k``; past a divergence the
+    unverifiable rest is accepted with the head's calibrated conditional
+    confidence in ``mid`` and between none and all in ``lo``/``hi`` (none after EOS).
 
   Equality of a trimmed draft with the realised token is *not* taken as
   acceptance: the realised token came from another verify, so equality only
@@ -56,16 +62,20 @@ import numpy as np
 import pyarrow as pa
 
 from dspark_obs import schema
+from dspark_obs.estimators import sampling
+from dspark_obs.estimators.ceiling_drafter import DrafterMap, fit_drafter_map
 from dspark_obs.estimators.ceiling_evidence import Evidence, draft_evidence, token_index
 from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model
+from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model, training_mask
 from dspark_obs.estimators.ceiling_walk import CATEGORIES, Walk, ceiling_from_factors, sglang_interval, walk_blocks
 
-__all__ = ["METHODS", "CeilingEstimate", "estimate_ceiling", "estimate_run", "CeilingRun",
+__all__ = ["METHODS", "drafter_explains_better", "CeilingEstimate", "estimate_ceiling", "estimate_run", "CeilingRun",
            "Evidence", "token_index", "draft_evidence", "logprobs_from_sglang_jsonl",
            "CEILING", "CEILING_SUMMARY", "CEILING_VALIDATION"]
 
 METHODS = ("default", "sglang")
+_Z = 1.96
+TAIL_LO, TAIL_HI = 0.0, 1.0
 Method = Literal["default", "sglang"]
 
 _i16, _i32, _i64, _f32, _f64, _str = pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string()
@@ -85,7 +95,10 @@ CEILING = pa.schema([
     _f("segment", _i32, "server lifetime segment"),
     _f("rid", _str, "request id"),
     _f("workload", _str, "the request's workload"),
-    _f("temperature", _f32, "sampling temperature; 0 = greedy (exact rule)"),
+    _f("temperature", _f32, "sampling temperature recorded (or overridden); 0 = greedy; null unknown"),
+    _f("sampling", _str, "greedy (exact rule) | sampled | unknown (the sampled rule)"),
+    _f("sampling_source", _str, "how the sampling is known: recorded | override | inferred (from the "
+                                "committed tokens' top-1) | unknown"),
     _f("prefix_len", _i32, "sequence length before the step", False),
     _f("window", _i16, "drafts verified: verify_len - 1", False),
     _f("correct_drafts", _i16, "drafts accepted within the window", False),
@@ -135,10 +148,10 @@ CEILING_VALIDATION = pa.schema([
     _f("mae", _f64, "mean |mid - truth|"),
     _f("coverage", _f64, "share of steps with lo <= truth <= hi"),
     _f("emu_n", _i64, "steps with the emulator's expectation"),
-    _f("mean_emu_expected", _f64, "mean emu_expected_block_accept"),
-    _f("emu_bias", _f64, "mean (mid - emu_expected_block_accept)"),
-    _f("emu_mae", _f64, "mean |mid - emu_expected_block_accept|"),
-    _f("emu_coverage", _f64, "share of steps with lo <= emu_expected_block_accept <= hi"),
+    _f("mean_emu_expected", _f64, "mean emu_expected_given_window"),
+    _f("emu_bias", _f64, "mean (mid - emu_expected_given_window)"),
+    _f("emu_mae", _f64, "mean |mid - emu_expected_given_window|"),
+    _f("emu_coverage", _f64, "share of steps with lo <= emu_expected_given_window <= hi"),
 ])
 
 schema.register("ceiling", CEILING)
@@ -184,6 +197,8 @@ def estimate_ceiling(
     p_draft: np.ndarray | None = None,
     method: Method = "default",
     model: AcceptanceModel | None = None,
+    drafter: DrafterMap | None = None,
+    use_drafter: bool | None = None,
 ) -> CeilingEstimate:
     """Ceiling ``(lo, mid, hi)`` in drafts (0..gamma) for each request-step.
 
@@ -249,14 +264,46 @@ from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
         a = np.where(g, eq, np.where(known, exact, proxy))
         lo, mid, hi = sglang_interval(walk, a)
         return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model)
-    a_lo = np.where(g, eq, np.where(known, exact, np.nan_to_num(p, nan=0.0)))
-    a_hi = np.where(g, eq, np.where(known, exact, 1.0))
-    a_mid = np.where(g, eq, np.where(known, exact, np.clip(
-        model.draft(conf, evidence.p_topk, evidence.topk_state), a_lo, a_hi)))
-    lo = ceiling_from_factors(walk, a_lo, tail=0.0)
-    hi = ceiling_from_factors(walk, a_hi, tail=1.0)
-    mid = ceiling_from_factors(walk, a_mid, tail=model.prior(conf, greedy))
+    if drafter is None:
+        drafter = fit_drafter_map(conf, p, evidence.topk_state, window, correct, ~greedy)
+    if use_drafter is None:
+        use_drafter = drafter_explains_better(drafter, model, conf, p, evidence, window, correct, ~greedy)
+    p_known = ~np.isnan(p)
+    guess = model.draft(conf, evidence.p_topk, evidence.topk_state)
+    if use_drafter:
+        mapped = np.where(p_known, drafter.accept(conf, p), guess)
+        a_lo = np.where(p_known, drafter.accept(conf, p, z=_Z), 0.0)
+        a_hi = np.where(p_known, drafter.accept(conf, p, z=-_Z), 1.0)
+    else:
+        mapped = guess
+        a_lo, a_hi = np.nan_to_num(p, nan=0.0), np.ones_like(p)
+    a_lo = np.where(g, eq, np.where(known, exact, a_lo))
+    a_hi = np.where(g, eq, np.where(known, exact, a_hi))
+    a_mid = np.where(g, eq, np.where(known, exact, np.clip(mapped, a_lo, a_hi)))
+    prior = model.prior(conf, greedy)
+    lo = ceiling_from_factors(walk, a_lo, tail=TAIL_LO)
+    hi = ceiling_from_factors(walk, a_hi, tail=TAIL_HI)
+    mid = ceiling_from_factors(walk, a_mid, tail=prior)
     return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model)
+
+
+def drafter_explains_better(drafter: DrafterMap, model: AcceptanceModel, conf, p, evidence: Evidence,
+                            window, correct, sampled) -> bool:
+    """Does ``min(1, p / q̂(c))`` predict the verified outcomes better than the evidence model?
+
+    Both are judged by log-likelihood on the same verified drafts of sampled
+    steps (those whose ``p`` is known); a head that is not a function of the
+    drafter's probability (e.g. trained on acceptance) loses here.
+    """
+    verified, accepted = training_mask(window, correct, drafter.gamma)
+    use = verified & sampled[:, None] & ~np.isnan(p) & ~np.isnan(conf)
+    if not drafter.fitted or not use.any():
+        return False
+    a_map = np.clip(drafter.accept(conf, p), 1e-6, 1 - 1e-6)[use]
+    a_ev = np.clip(model.draft(conf, evidence.p_topk, evidence.topk_state), 1e-6, 1 - 1e-6)[use]
+    y = accepted[use]
+    ll = lambda a: float(np.where(y, np.log(a), np.log1p(-a)).sum())  # noqa: E731
+    return ll(a_map) >= ll(a_ev)
 
 
 @dataclass
@@ -278,6 +325,7 @@ class CeilingRun:
     steps_with_truth: int = 0
     misaligned_requests: list[str] = field(default_factory=list)
     num_rows: int = 0
+    sampling_counts: dict = field(default_factory=dict)   # (sampling, source) -> requests
     table: pa.Table | None = field(default=None, repr=False)   # held when not written
     store: object = field(default=None, repr=False)            # where it was written
 
@@ -292,7 +340,7 @@ class CeilingRun:
 def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, method: Method = "default",
                  sglang_logprobs: pa.Table | None = None, n_bootstrap: int = 1000, seed: int = 0,
                  write: bool = True, chunk_rows: int | None = None, fit_rows: int | None = None,
-                 progress=None) -> CeilingRun:
+                 progress=None, temperature: float | None = None, alpha: float | None = None) -> CeilingRun:
     """Estimate the ceiling of every request-step of ``run_id`` and write the result tables.
 
     ``con_or_store`` is a connection from :func:`dspark_obs.sql.connect` or a
@@ -316,10 +364,14 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     drafts, and the unverifiable tail of a step whose output ran out) and the
     stand-in ``a_k`` of ``method="sglang"`` where a confidence is missing is
     fitted on a sample of whole requests chosen by a hash of their rid (the same
-    sample for the same run), not on every verified draft.  ``lo``/``hi``
-    (``method="default"``), the categories and greedy ``mid`` wherever the
-    output speaks for the whole block do not depend on the fit.
+    sample for the same run), not on every verified draft.  The
+    categories and greedy ``lo``/``mid``/``hi`` do not depend on the fit.
     ``progress(done_steps, total_steps)`` is called after each chunk.
+
+    Sampling per request (:mod:`~dspark_obs.estimators.sampling`): the recorded
+    temperature, else ``temperature`` (an override for requests that recorded
+    none), else inferred from the committed tokens with false-greedy rate at
+    most ``alpha``; the ``ceiling`` rows say which (``sampling_source``).
     """
     from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
     from dspark_obs.estimators.ceiling_io import run_estimate
@@ -327,4 +379,5 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     return run_estimate(con_or_store, run_id, companion=companion, method=method,
                         sglang_logprobs=sglang_logprobs, n_bootstrap=n_bootstrap, seed=seed, write=write,
                         chunk_rows=chunk_rows or DEFAULT_CHUNK_ROWS, fit_rows=fit_rows or DEFAULT_FIT_ROWS,
-                        progress=progress)
+                        progress=progress, temperature=temperature,
+                        alpha=sampling.DEFAULT_ALPHA if alpha is None else alpha)

@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dspark_obs import sql as sqlmod
-from dspark_obs.estimators import ceiling_stats, pairing
-from dspark_obs.estimators.ceiling import CeilingRun, estimate_ceiling
+from dspark_obs.estimators import ceiling_stats, pairing, sampling
+from dspark_obs.estimators.ceiling import CeilingRun, drafter_explains_better, estimate_ceiling
+from dspark_obs.estimators.ceiling_drafter import DrafterMap, fit_drafter_map
 from dspark_obs.estimators.ceiling_chunks import (ALL, DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS, Chunk, plan_chunks,
                                                   sample_requests)
 from dspark_obs.estimators.ceiling_evidence import check_alignment, draft_evidence, padded_lists, token_index
@@ -40,7 +41,7 @@ SELECT rid, count(*) AS n FROM step_reqs WHERE run_id = $run GROUP BY rid ORDER 
 _STEPS_SQL = """
 SELECT s.dp_rank, s.forward_ct, s.segment, s.rid, s.prefix_len, s.verify_len, s.correct_drafts,
        s.cap_trim, s.bonus_token, s.draft_tokens, s.confidence, s.emu_block_accept,
-       s.emu_expected_block_accept, q.workload, q.temperature, q.prompt_tokens,
+       s.emu_expected_given_window, q.workload, q.temperature, q.prompt_tokens,
        q.completion_tokens, q.finish_reason
 FROM step_reqs AS s
 LEFT JOIN (
@@ -240,12 +241,14 @@ def _sglang_arrays(steps: pa.Table, logprobs: pa.Table | None, gamma: int):
     return out[0], out[1]
 
 
-def _ceiling_table(steps: pa.Table, est, window, correct, method: str) -> pa.Table:
+def _ceiling_table(steps: pa.Table, est, x: "_Inputs", method: str) -> pa.Table:
     n = steps.num_rows
-    cols = {name: steps.column(name) for name in ("dp_rank", "forward_ct", "segment", "rid", "workload",
-                                                   "temperature", "prefix_len")}
+    window, correct = x.window, x.correct
+    cols = {name: steps.column(name) for name in ("dp_rank", "forward_ct", "segment", "rid", "workload")}
     return pa.table({
-        **cols, "window": pa.array(window.astype(np.int16)), "correct_drafts": pa.array(correct.astype(np.int16)),
+        **cols, "temperature": pa.array(x.temperature.astype(np.float32), from_pandas=True),
+        "sampling": pa.array(x.sampling.astype(str)), "sampling_source": pa.array(x.sampling_source.astype(str)),
+        "prefix_len": steps.column("prefix_len"), "window": pa.array(window.astype(np.int16)), "correct_drafts": pa.array(correct.astype(np.int16)),
         "censored": pa.array(est.walk.censored), "category": pa.array(est.category.astype(str)),
         "walked": pa.array(est.walk.n_walked.astype(np.int16)),
         "lo": pa.array(est.lo), "mid": pa.array(est.mid), "hi": pa.array(est.hi),
@@ -264,9 +267,39 @@ class _Inputs:
     correct: np.ndarray
     greedy: np.ndarray
     aligned: _Aligned
+    temperature: np.ndarray        # [n] recorded, else overridden temperature (NaN unknown)
+    sampling: np.ndarray           # [n] greedy | sampled | unknown
+    sampling_source: np.ndarray    # [n] recorded | override | inferred | unknown
 
 
-def _inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None) -> tuple[_Inputs, str, int]:
+@dataclass(frozen=True)
+class _Inferred:
+    """The run's inferred sampling per rid (from every committed token of the run, once)."""
+
+    rids: pa.Array
+    kinds: np.ndarray
+
+
+def _infer_sampling(con, run_id: str, alpha: float) -> _Inferred:
+    evidence = _fetch(con, sampling.TOKEN_EVIDENCE_SQL, {"run": run_id})
+    log_p = _np(evidence, "log_p_top1", np.float64, 0.0)
+    kinds = sampling.infer_greedy(_np(evidence, "n_topk", np.int64, 0), _np(evidence, "n_top1", np.int64, 0),
+                                  log_p, alpha=alpha)
+    return _Inferred(evidence.column("rid").combine_chunks(), sampling.pool_run(kinds, log_p, alpha=alpha))
+
+
+def _sampling(steps: pa.Table, inferred: _Inferred, temperature: float | None) -> tuple[np.ndarray, ...]:
+    """Per step: the temperature known (recorded, else ``temperature``), the sampling and its source."""
+    recorded = _np(steps, "temperature", np.float64, np.nan)
+    override = np.full(steps.num_rows, np.nan if temperature is None else float(temperature))
+    code, _ = _codes(steps.column("rid"), inferred.rids)
+    inferred = np.where(code >= 0, np.append(inferred.kinds, sampling.UNKNOWN)[code], sampling.UNKNOWN)
+    kind, source = sampling.resolve_sampling(recorded, override, inferred)
+    return np.where(np.isnan(recorded), override, recorded), kind, source
+
+
+def _inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None, *, inferred: _Inferred,
+            temperature: float | None = None) -> tuple[_Inputs, str, int]:
     steps, mode, gamma = _load_steps(con, run_id, root, chunk, gamma=gamma)
     drafts = padded_lists(steps.column("draft_tokens"), fill=-1, dtype=np.int64)
     if drafts.shape[1] != gamma:  # an empty chunk
@@ -276,19 +309,33 @@ def _inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None) -> tuple[_I
         conf = np.full((steps.num_rows, gamma), np.nan)
     window = _np(steps, "verify_len", np.int64, 1) - 1
     correct = _np(steps, "correct_drafts", np.int64, 0)
-    greedy = _np(steps, "temperature", np.float64, np.nan) == 0.0   # unknown temperature: the sampled rule
+    temp, kind, source = _sampling(steps, inferred, temperature)
+    greedy = kind == sampling.GREEDY   # unknown sampling: the sampled rule
     aligned = _aligned_evidence(con, run_id, steps, drafts, correct, chunk)
-    return _Inputs(steps, drafts, conf, window, correct, greedy, aligned), mode, gamma
+    return _Inputs(steps, drafts, conf, window, correct, greedy, aligned, temp, kind, source), mode, gamma
 
 
-def _fit(x: _Inputs) -> AcceptanceModel:
+@dataclass(frozen=True)
+class _Models:
+    """What the run's verified drafts taught, fitted once and used on every chunk."""
+
+    acceptance: AcceptanceModel
+    drafter: DrafterMap
+    use_drafter: bool
+
+
+def _fit(x: _Inputs) -> _Models:
     ev = x.aligned.evidence
-    return fit_acceptance_model(x.conf, x.window, x.correct, x.greedy, p_topk=ev.p_topk, topk_state=ev.topk_state)
+    model = fit_acceptance_model(x.conf, x.window, x.correct, x.greedy, p_topk=ev.p_topk, topk_state=ev.topk_state)
+    drafter = fit_drafter_map(x.conf, ev.p_draft, ev.topk_state, x.window, x.correct, ~x.greedy)
+    use = drafter_explains_better(drafter, model, x.conf, ev.p_draft, ev, x.window, x.correct, ~x.greedy)
+    return _Models(model, drafter, use)
 
 
 def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprobs, n_bootstrap: int,
                  seed: int, write: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS, fit_rows: int = DEFAULT_FIT_ROWS,
-                 progress: Callable[[int, int], None] | None = None) -> CeilingRun:
+                 progress: Callable[[int, int], None] | None = None, temperature: float | None = None,
+                 alpha: float = sampling.DEFAULT_ALPHA) -> CeilingRun:
     validate_run_id(run_id)
     con, store = _open(con_or_store)
     rids, counts = _plan(con, run_id, store.root)
@@ -298,16 +345,17 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
     gamma = _run_gamma(con, run_id, gamma)
     if companion is None and mode == "compact":
         companion = pairing.companion_of(con, run_id)
+    inferred = _infer_sampling(con, run_id, alpha)
     model = None
     if not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk, as one pass would
-        fit_inputs, _, _ = _inputs(con, run_id, store.root, sample, gamma)
+        fit_inputs, _, _ = _inputs(con, run_id, store.root, sample, gamma, inferred=inferred, temperature=temperature)
         model = _fit(fit_inputs)
         del fit_inputs
     total, done = int(counts.sum()), 0
     acc = _RunTotals()
     with _Staged(write) as staged:
         for chunk in chunks:
-            x, mode, gamma = _inputs(con, run_id, store.root, chunk, gamma)
+            x, mode, gamma = _inputs(con, run_id, store.root, chunk, gamma, inferred=inferred, temperature=temperature)
             if model is None:
                 model = _fit(x)
             part = _estimate_chunk(con, run_id, x, chunk, mode=mode, gamma=gamma, method=method, model=model,
@@ -341,6 +389,7 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
     return CeilingRun(run_id=run_id, method=method, gamma=gamma, summary=summary, validation=validation,
                       truth_source=source, companion=companion, steps_with_truth=acc.all_sums["n"],
                       misaligned_requests=acc.misaligned, num_rows=total, table=ceiling,
+                      sampling_counts=dict(sorted(acc.sampling.items())),
                       store=store if write else None)
 
 
@@ -357,8 +406,12 @@ class _RunTotals:
     known: list = field(default_factory=list)
     misaligned: list = field(default_factory=list)
     workloads: dict = field(default_factory=dict)
+    sampling: dict = field(default_factory=dict)   # (sampling, source) -> requests
 
     def add(self, x: "_Inputs", part: "_ChunkResult") -> None:
+        _, first = np.unique(x.aligned.code, return_index=True)
+        for key in zip(x.sampling[first].tolist(), x.sampling_source[first].tolist()):
+            self.sampling[key] = self.sampling.get(key, 0) + 1
         code = np.where(x.aligned.code < 0, -1, x.aligned.code + self.offset)
         self.offset += x.aligned.n_requests
         self.bad += x.aligned.bad_steps
@@ -393,16 +446,17 @@ class _ChunkResult:
 
 
 def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, gamma: int, method: str,
-                    model: AcceptanceModel, companion: str | None, sglang_logprobs) -> _ChunkResult:
+                    model: _Models, companion: str | None, sglang_logprobs) -> _ChunkResult:
     q_draft, p_draft = _sglang_arrays(x.steps, sglang_logprobs, gamma)
     est = estimate_ceiling(x.drafts, x.window, x.correct, x.aligned.evidence, greedy=x.greedy,
                            natural_end=x.aligned.natural_end, confidence=x.conf, q_draft=q_draft, p_draft=p_draft,
-                           method=method, model=model)
-    ceiling = _ceiling_table(x.steps, est, x.window, x.correct, method)
+                           method=method, model=model.acceptance, drafter=model.drafter,
+                           use_drafter=model.use_drafter)
+    ceiling = _ceiling_table(x.steps, est, x, method)
     workload = pc.fill_null(x.steps.column("workload"), "unknown").to_numpy(zero_copy_only=False)
     truth, source = _truth(con, run_id, x.steps, mode, companion, chunk)
     censored = est.walk.censored
-    emu = np.where(censored, _np(x.steps, "emu_expected_block_accept", np.float64, np.nan), np.nan)
+    emu = np.where(censored, _np(x.steps, "emu_expected_given_window", np.float64, np.nan), np.nan)
     known = ~np.isnan(truth) | ~np.isnan(emu)
     base = censored & known
     # Truths count drafts and the emulator's expectation is stored as float32: both are exact in float32.

@@ -1,0 +1,51 @@
+"""What a full-block verify is expected to accept, given what the step showed.
+
+One home for the rule every judge of a sampled ceiling uses (the emulators'
+truth columns, the estimators' validation).  A compact step that accepted its
+whole window of ``w`` drafts has *shown* that ``d_1..d_w`` were accepted, so the
+question it can be asked is the full-block acceptance expected **given that**::
+
+    E[full | window accepted] = w + sum_{k>w} prod_{w<i<=k} a_i
+
+with ``a_i`` the probability that a full verify accepts ``d_i`` given
+``d_1..d_{i-1}`` were accepted (``min(1, p_i(d_i) / q_i(d_i))`` under
+speculative sampling; ``1[d_i == argmax p_i]`` under greedy decoding).  It is
+larger than the unconditional ``sum_k prod_{i<=k} a_i`` whenever a window draft
+had ``a_i < 1``.  A step rejected inside its window has shown its full-block
+acceptance: ``correct_drafts``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["expected_given_window"]
+
+
+def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: np.ndarray) -> np.ndarray:
+    """``E[full-block accepted drafts | what the window showed]`` per request-step.
+
+    Parameters
+    ----------
+    accept_prob : float [n, gamma]
+        ``a_k`` of each drafted position (conditional on the earlier drafts).
+    window, correct : int [n]
+        Drafts verified (``verify_len - 1``) and accepted (``correct_drafts``).
+
+    Returns float [n]: ``correct`` where a window draft was rejected
+    (``correct < window``), else ``w + sum_{k>w} prod_{w<i<=k} a_i``.
+
+    >>> a = np.array([[0.5, 0.5, 0.5], [0.5, 0.5, 0.5]])
+    >>> expected_given_window(a, np.array([1, 2]), np.array([1, 0])).tolist()
+    [1.75, 0.0]
+    """
+    a = np.asarray(accept_prob, dtype=np.float64)
+    window = np.asarray(window, dtype=np.int64)
+    correct = np.asarray(correct, dtype=np.int64)
+    if a.ndim != 2 or a.shape[0] != window.shape[0] or window.shape != correct.shape:
+        raise ValueError(f"accept_prob must be [n, gamma] with window and correct [n]; got {a.shape}, "
+                         f"{window.shape}, {correct.shape}")
+    tail = np.arange(1, a.shape[1] + 1)[None, :] > window[:, None]
+    chain = np.cumprod(np.where(tail, np.clip(a, 0.0, 1.0), 1.0), axis=1)
+    extra = np.where(tail, chain, 0.0).sum(axis=1)
+    return np.where(correct < window, correct, window + extra).astype(np.float64)

@@ -1,0 +1,175 @@
+"""The drafter map: the drafter's probability of its draft, learnt from the confidence head.
+
+Under speculative sampling a draft ``d ~ q`` is accepted with probability
+``a = min(1, p(d) / q(d))``.  The target's ``p(d)`` of a trimmed draft is in the
+tokens table (the realised token's logprob, or the top-k), the drafter's
+``q(d)`` is not — but the head's confidence ``c`` is, and for a drafter whose
+confidence *is* its probability of the token (a real drafter's softmax), or a
+separate head that is a monotone transform of it, ``q`` is a monotone function
+of ``c``.  The run shows that function: every verified draft was accepted with
+probability ``min(1, p / q)``, ``p`` known, outcome seen.  So ``q̂ = g(c)`` is
+fitted by maximum likelihood on the verified drafts::
+
+    logit q̂_k = alpha + alpha_k + (beta + beta_k) * logit(c_k)
+
+**Family, and why**: logit-affine per position ``k`` (shared slope and
+intercept plus ridge-shrunk per-position offsets) contains the identity
+(``c = q``), SGLang's STS temperature (``c = sigmoid(logit(q) / T_k)``) and any
+Platt-like separate head, with few parameters, so positions with few verified
+drafts borrow from the others.  ``min(1, r)`` is smoothed (a softplus of
+``log q̂ - log p`` with sharpness 20) so the likelihood has a gradient.
+
+Which verified drafts are used: sampled steps' drafts up to the first
+rejection inside the window, with ``p`` known — always for accepted drafts
+(``d`` is the realised token), for rejected ones when ``d`` is in the top-k;
+a rejected draft below the top-k has ``p`` below the top-k and says little
+about ``q`` (``a ~ 0`` for any ``q̂``), so it enters with ``p = 0``.
+
+The parameters' uncertainty (the inverse of the penalised information) gives
+a band of ``q̂`` per draft, which :func:`band` turns into ``a`` bounds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import minimize
+
+__all__ = ["DrafterMap", "fit_drafter_map"]
+
+_EPS = 1e-6
+_SHARP = 20.0
+_MIN_ROWS = 50
+_RIDGE = 5.0          # on the per-position offsets (intercept and slope)
+_BLOCK_ROWS = 32_768
+
+
+def _logit(x: np.ndarray) -> np.ndarray:
+    x = np.clip(x, _EPS, 1.0 - _EPS)
+    return np.log(x) - np.log1p(-x)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + np.tanh(0.5 * z))
+
+
+def _design(c: np.ndarray, offset: np.ndarray, gamma: int) -> np.ndarray:
+    """Flat rows: ``[1, z, onehot_k, z * onehot_k]`` with ``z = logit(c)``."""
+    z = _logit(c)
+    hot = (offset[:, None] == np.arange(1, gamma + 1)[None, :]).astype(np.float64)
+    return np.column_stack([np.ones_like(z), z, hot, hot * z[:, None]])
+
+
+def _penalty(gamma: int) -> np.ndarray:
+    return np.concatenate([[1e-6, 1e-6], np.full(2 * gamma, _RIDGE)])
+
+
+def _nll(theta: np.ndarray, x: np.ndarray, log_p: np.ndarray, y: np.ndarray,
+         penalty: np.ndarray) -> tuple[float, np.ndarray]:
+    """Penalised negative log-likelihood of the outcomes and its gradient."""
+    eta = x @ theta
+    log_q = -np.logaddexp(0.0, -eta)
+    u = _SHARP * (log_q - log_p)
+    log_a = -np.logaddexp(0.0, u) / _SHARP            # smooth min(0, log p - log q)
+    s = _sigmoid(u)                                    # d(-log_a)/d log_q
+    a = np.exp(log_a)
+    one_minus = np.maximum(-np.expm1(log_a), 1e-12)
+    ll = np.where(y, log_a, np.log(one_minus))
+    d_logq = np.where(y, -s, (a / one_minus) * s)      # d ll / d log q
+    grad_eta = d_logq * (1.0 - np.exp(log_q))          # d log q / d eta = 1 - q
+    f = -ll.sum() + 0.5 * np.sum(penalty * theta * theta)
+    g = -(x.T @ grad_eta) + penalty * theta
+    return float(f), g
+
+
+@dataclass(frozen=True)
+class DrafterMap:
+    """Fitted ``q̂ = g(c)`` per position; ``coef is None`` means too few verified drafts."""
+
+    gamma: int
+    coef: np.ndarray | None
+    cov: np.ndarray | None       # covariance of coef (inverse penalised information)
+    n_train: int
+
+    @property
+    def fitted(self) -> bool:
+        return self.coef is not None
+
+    def q(self, confidence: np.ndarray, *, z: float = 0.0) -> np.ndarray:
+        """``[n, gamma]`` drafter probability of each draft; ``z`` standard errors up (or down)."""
+        c = np.asarray(confidence, dtype=np.float64)
+        if self.coef is None:
+            return np.clip(c, _EPS, 1.0)
+        if len(c) > _BLOCK_ROWS:
+            return np.concatenate([self.q(c[i:i + _BLOCK_ROWS], z=z) for i in range(0, len(c), _BLOCK_ROWS)])
+        n, gamma = c.shape
+        offset = np.broadcast_to(np.arange(1, gamma + 1)[None, :], c.shape).reshape(-1)
+        x = _design(np.where(np.isnan(c), 0.5, c).reshape(-1), offset, gamma)
+        eta = x @ self.coef
+        if z:
+            se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", x, self.cov, x), 0.0))
+            eta = eta + z * se
+        return _sigmoid(eta).reshape(n, gamma)
+
+    def accept(self, confidence: np.ndarray, p: np.ndarray, *, z: float = 0.0) -> np.ndarray:
+        """``min(1, p / q̂)`` (``z > 0`` raises ``q̂``: a lower acceptance)."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.minimum(1.0, np.asarray(p, dtype=np.float64) / self.q(confidence, z=z))
+
+
+def fit_drafter_map(confidence: np.ndarray, p_draft: np.ndarray, topk_state: np.ndarray, window: np.ndarray,
+                    correct: np.ndarray, sampled: np.ndarray) -> DrafterMap:
+    """Fit :class:`DrafterMap` on the verified drafts of sampled steps (see the module docstring).
+
+    ``confidence``, ``p_draft`` (target probability of the draft, NaN unknown) and
+    ``topk_state`` (0 no top-k, 1 in, 2 below) are ``[n, gamma]``; ``window``,
+    ``correct``, ``sampled`` are ``[n]``.
+
+    >>> rng = np.random.default_rng(0)
+    >>> q = rng.uniform(0.05, 0.95, (4000, 2)); p = rng.uniform(0.0, 1.0, (4000, 2))
+    >>> acc = rng.random((4000, 2)) < np.minimum(1, p / q)
+    >>> correct = np.where(acc[:, 0], np.where(acc[:, 1], 2, 1), 0)
+    >>> m = fit_drafter_map(q, p, np.ones((4000, 2), np.int8), np.full(4000, 2), correct, np.ones(4000, bool))
+    >>> bool(np.abs(m.q(np.array([[0.2, 0.8]])) - [[0.2, 0.8]]).max() < 0.05)
+    True
+    """
+    c = np.asarray(confidence, dtype=np.float64)
+    n, gamma = c.shape
+    offset = np.arange(1, gamma + 1)[None, :]
+    correct = np.asarray(correct, dtype=np.int64)
+    verified = offset <= np.minimum(correct[:, None] + 1, np.asarray(window, dtype=np.int64)[:, None])
+    accepted = offset <= correct[:, None]
+    p = np.asarray(p_draft, dtype=np.float64)
+    p = np.where(~accepted & np.isnan(p) & (np.asarray(topk_state) == 2), 0.0, p)
+    use = verified & np.asarray(sampled, dtype=bool)[:, None] & ~np.isnan(p) & ~np.isnan(c)
+    y = accepted[use]
+    if y.size < _MIN_ROWS or y.all() or not y.any():
+        return DrafterMap(gamma=gamma, coef=None, cov=None, n_train=int(y.size))
+    x = _design(c[use], np.broadcast_to(offset, c.shape)[use], gamma)
+    log_p = np.log(np.clip(p[use], 1e-12, 1.0))
+    penalty = _penalty(gamma)
+    theta0 = np.zeros(x.shape[1])
+    theta0[1] = 1.0                                     # start at the identity, c = q
+    res = minimize(_nll, theta0, args=(x, log_p, y, penalty), jac=True, method="L-BFGS-B",
+                   options={"maxiter": 200})
+    theta = res.x
+    cov = _covariance(theta, x, log_p, y, penalty)
+    return DrafterMap(gamma=gamma, coef=theta, cov=cov, n_train=int(y.size))
+
+
+def _covariance(theta: np.ndarray, x: np.ndarray, log_p: np.ndarray, y: np.ndarray,
+                penalty: np.ndarray) -> np.ndarray:
+    """Inverse of the penalised observed information, by differences of the analytic gradient."""
+    k = theta.size
+    h = np.empty((k, k))
+    step = 1e-4
+    for j in range(k):
+        e = np.zeros(k)
+        e[j] = step
+        h[:, j] = (_nll(theta + e, x, log_p, y, penalty)[1] - _nll(theta - e, x, log_p, y, penalty)[1]) / (2 * step)
+    h = 0.5 * (h + h.T)
+    try:
+        return np.linalg.inv(h)
+    except np.linalg.LinAlgError:
+        return np.linalg.pinv(h)
