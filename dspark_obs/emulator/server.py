@@ -42,10 +42,23 @@ SGLANG_VERSION = "0.5.23"
 MODEL_PATH = "dspark-obs/emulator-target"
 
 
+def make_engine(cfg: EngineConfig) -> Engine:
+    """The engine ``cfg`` asks for: the real-model engine for a ``RealModelConfig``, else the stochastic one."""
+    if getattr(cfg, "model", None):
+        from dspark_obs.emulator.realmodel.engine import RealModelEngine
+
+        return RealModelEngine(cfg)
+    return Engine(cfg)
+
+
+def _model_path(cfg: EngineConfig) -> str:
+    return getattr(cfg, "model", None) or MODEL_PATH
+
+
 def _server_args(cfg: EngineConfig, port: int) -> dict[str, Any]:
     return {
-        "model_path": MODEL_PATH,
-        "tokenizer_path": MODEL_PATH,
+        "model_path": _model_path(cfg),
+        "tokenizer_path": _model_path(cfg),
         "host": "127.0.0.1",
         "port": port,
         "dp_size": cfg.dp_size,
@@ -71,7 +84,9 @@ class EmulatorApp:
                  launch_command: Optional[str] = None, test_hooks: bool = False) -> None:
         self.cfg = cfg
         self.port = port
-        self.engine = Engine(cfg)
+        self.engine = make_engine(cfg)
+        self.model_path = _model_path(cfg)
+        self.detokenize = getattr(self.engine, "detokenize", detokenize)
         self.startup_time = time.time()
         self.launch_command = launch_command or " ".join(sys.argv)
         self.env = {
@@ -214,14 +229,14 @@ class EmulatorApp:
             lps = meta.get("output_token_logprobs") or []
             tops = meta.get("output_top_logprobs") or []
             logprobs = {"text_offset": [-1] * len(lps), "token_logprobs": [e[0] for e in lps],
-                        "tokens": [detokenize([e[1]]) for e in lps],
-                        "top_logprobs": [{detokenize([t[1]]): t[0] for t in top} for top in tops]}
+                        "tokens": [self.detokenize([e[1]]) for e in lps],
+                        "top_logprobs": [{self.detokenize([t[1]]): t[0] for t in top} for top in tops]}
         choice = {"index": 0, "text": result["text"], "logprobs": logprobs, "finish_reason": fr["type"],
                   "matched_stop": fr.get("matched")}
         if body.get("return_token_ids"):
             choice["token_ids"] = result["output_ids"]
         resp = {"id": meta["id"], "object": "text_completion", "created": int(time.time()),
-                "model": body.get("model") or MODEL_PATH, "choices": [choice], "usage": self._usage(meta),
+                "model": body.get("model") or self.model_path, "choices": [choice], "usage": self._usage(meta),
                 "metadata": None, **self._sglext(result, body)}
         return Response(msgspec.json.encode(resp), media_type="application/json")
 
@@ -238,8 +253,8 @@ class EmulatorApp:
                 return {"token": tok, "bytes": list(tok.encode()), "logprob": lp}
 
             logprobs = {"content": [
-                {**entry(detokenize([e[1]]), e[0]),
-                 "top_logprobs": [entry(detokenize([t[1]]), t[0]) for t in (tops[i] if i < len(tops) else [])]}
+                {**entry(self.detokenize([e[1]]), e[0]),
+                 "top_logprobs": [entry(self.detokenize([t[1]]), t[0]) for t in (tops[i] if i < len(tops) else [])]}
                 for i, e in enumerate(meta.get("output_token_logprobs") or [])]}
         choice = {"index": 0, "message": {"role": "assistant", "content": result["text"],
                                           "reasoning_content": None, "tool_calls": None},
@@ -247,20 +262,20 @@ class EmulatorApp:
         if body.get("return_token_ids"):
             choice["response_token_ids"] = result["output_ids"]
         resp = {"id": meta["id"], "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model") or MODEL_PATH, "choices": [choice], "usage": self._usage(meta),
+                "model": body.get("model") or self.model_path, "choices": [choice], "usage": self._usage(meta),
                 "metadata": None, **self._sglext(result, body)}
         return Response(msgspec.json.encode(resp), media_type="application/json")
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
-            {"id": MODEL_PATH, "object": "model", "created": int(self.startup_time), "owned_by": "sglang",
-             "root": MODEL_PATH, "max_model_len": 131072}]})
+            {"id": self.model_path, "object": "model", "created": int(self.startup_time), "owned_by": "sglang",
+             "root": self.model_path, "max_model_len": 131072}]})
 
     async def restart(self, request: Request) -> Response:
         """Test hook: a server restart in place (new startup_time, forward_ct from 0, empty deques)."""
         old = self.engine
         old.stop()
-        self.engine = Engine(self.cfg)
+        self.engine = make_engine(self.cfg)
         self.engine.start()
         self.startup_time = time.time()
         return JSONResponse({"restarted": True, "startup_time": self.startup_time})
@@ -301,7 +316,7 @@ class EmulatorApp:
 
     async def metrics(self, request: Request) -> Response:
         gauges = self.engine.spec_gauges()
-        labels = f'model_name="{MODEL_PATH}",engine_type="unified"'
+        labels = f'model_name="{self.model_path}",engine_type="unified"'
         lines = []
         for name, value in sorted(gauges.items()):
             kind = "counter" if name.endswith("_total") else "gauge"
@@ -314,7 +329,7 @@ class EmulatorApp:
         return Response(status_code=200)
 
     async def model_info(self, request: Request) -> Response:
-        return JSONResponse({"model_path": MODEL_PATH, "tokenizer_path": MODEL_PATH, "is_generation": True})
+        return JSONResponse({"model_path": self.model_path, "tokenizer_path": self.model_path, "is_generation": True})
 
 
 class BackgroundServer:

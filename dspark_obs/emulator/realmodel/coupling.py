@@ -77,16 +77,3 @@ def head_confidence(q_draft: np.ndarray, transform: tuple[float, float] | None,
         c = np.clip(c, 1e-6, 1 - 1e-6)
         c = 1.0 / (1.0 + np.exp(-np.log(c / (1 - c)) / sts[None, : c.shape[1]]))
     return c
-
-
-def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: np.ndarray) -> np.ndarray:
-    """``correct`` where a window draft was rejected, else ``w + sum_{k>w} prod_{w<i<=k} a_i``.
-
-    ``accept_prob`` is ``[n, gamma]`` (``a_k`` given the earlier drafts), ``window`` and
-    ``correct`` ``[n]``: the emulator's ``emu_expected_given_window``.
-    """
-    a = np.clip(np.asarray(accept_prob, dtype=np.float64), 0.0, 1.0)
-    window, correct = np.asarray(window), np.asarray(correct)
-    tail = np.arange(1, a.shape[1] + 1)[None, :] > window[:, None]
-    chain = np.cumprod(np.where(tail, a, 1.0), axis=1)
-    return np.where(correct < window, correct, window + np.where(tail, chain, 0.0).sum(axis=1))

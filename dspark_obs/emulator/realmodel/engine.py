@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from dspark_obs import costtable as ct
+from dspark_obs.acceptance import expected_given_window
 from dspark_obs.emulator import engine as base
 from dspark_obs.emulator.realmodel import coupling
 from dspark_obs.emulator.realmodel.pair import DEFAULT_DROP, Caches, ModelPair
@@ -284,7 +285,7 @@ class _RealRank(base._Rank):
         correct = np.minimum(blk.block_accept, window)
         cap_accept = cfg.mode == "cap-accept"
         cap_trim = blk.block_accept - correct if cap_accept else np.zeros_like(correct)
-        expected = coupling.expected_given_window(blk.accept_prob, window, correct)
+        expected = expected_given_window(blk.accept_prob, window, correct)
         sent = cfg.mode != "static"
         reqs, finished, prefix_total = [], [], 0
         for i, r in enumerate(batch):
