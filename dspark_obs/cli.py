@@ -67,6 +67,7 @@ def emulate(
     sps_table: Optional[Path] = typer.Option(None, help="Cost table the scheduler plans with (SGLang JSON, 1-D or additive). Default: the built-in additive table."),
     sts: Optional[Path] = typer.Option(None, help="STS calibration JSON ({temperatures: [...]}) applied to the head."),
     head_temperature: Optional[str] = typer.Option(None, help="Comma-separated per-position miscalibration temperatures of the head (1 = calibrated, <1 over-confident)."),
+    head_bias: Optional[str] = typer.Option(None, help="Comma-separated per-position logit bias of the head (0 = none, <0 under-confident: a miscalibration STS cannot remove)."),
     real_time: float = typer.Option(0.0, help="0: virtual clock (fast); 1: sleep each step's modelled time."),
     lockstep_concurrency: int = typer.Option(0, help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
     lockstep_wait_s: float = typer.Option(0.25, help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
@@ -99,6 +100,7 @@ def emulate(
             sts_temperatures=load_sts_temperatures(str(sts)) if sts else None,
             head_temperature=tuple(float(x) for x in head_temperature.split(",")) if head_temperature
             else DEFAULT_HEAD_TEMPERATURE,
+            head_bias=tuple(float(x) for x in head_bias.split(",")) if head_bias else (0.0,),
             real_time=real_time, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
         )
     except (ValueError, OSError) as exc:
@@ -172,6 +174,10 @@ def collect(
     startup_timeout: float = typer.Option(1800.0, help="Launch mode: seconds to wait for the server's /health."),
     shutdown_timeout: float = typer.Option(30.0, help="Launch mode: seconds between forwarding SIGTERM/SIGINT and SIGKILL."),
     server_log: Optional[Path] = typer.Option(None, help="Launch mode: append the server's stdout and stderr here instead of this terminal."),
+    resume: bool = typer.Option(False, help="Continue an existing --run-id: the cursor goes on from what the store holds (no record stored twice), finished requests are not sent again, re-sent ones get new rids, the earlier ending is kept in the run's labels. Without it an existing run is refused."),
+    include_held: bool = typer.Option(False, help="Also store the records the server already held when the run started (default: the run starts after them, so earlier traffic never joins it)."),
+    poll_timeout: float = typer.Option(10.0, help="Seconds one /server_info poll (or clear) may take; a poll that takes longer is a poll_stall gap."),
+    request_retries: int = typer.Option(5, help="With --workload: retries of a request that met a connection error (backoff 0.25 s doubling to 4 s); a request still failing is a request_failed gap."),
 ) -> None:
     """Collect a run from a live server into the store (attach mode), or launch the server and collect (launch mode).
 
@@ -182,6 +188,10 @@ def collect(
     Attach: `dspark-obs collect --url http://127.0.0.1:30000 --out data --workload gsm8k,poetry --requests 60`
 
     Launch: `SGLANG_RAGGED_VERIFY_MODE=compact dspark-obs collect --out data -- python -m sglang.launch_server --speculative-algorithm DSPARK ...`
+
+    Exit codes: 0 the run ended (completed, or stopped by a signal) with every loss a row in gaps;
+    1 the run ended in error, rows could not be written or every request failed (the run is closed
+    with the reason); 2 it could not start (options, server, an existing run without --resume).
     """
     from dspark_obs.objstore import open_store
     from collectors.sglang.driver import DriveSpec
@@ -201,13 +211,24 @@ def collect(
         names = [w.strip() for w in workload.split(",") if w.strip()]
         if requests < 1 or concurrency < 1:
             _fail("--requests and --concurrency must be >= 1")
+        if request_retries < 0:
+            _fail(f"--request-retries must be >= 0, got {request_retries}")
         try:
             drive = DriveSpec(names, requests, concurrency=concurrency, temperature=temperature,
-                              max_new_tokens=max_new_tokens, seed=seed, redact_text=redact_text, api=api)
+                              max_new_tokens=max_new_tokens, seed=seed, redact_text=redact_text, api=api,
+                              retries=request_retries)
         except ValueError as exc:
             _fail(f"--api: {exc}")
-    if poll_interval <= 0 or flush_interval <= 0 or max_buffer_mb <= 0:
-        _fail("--poll-interval, --flush-interval and --max-buffer-mb must be > 0")
+    if poll_interval <= 0 or flush_interval <= 0 or max_buffer_mb <= 0 or poll_timeout <= 0:
+        _fail("--poll-interval, --poll-timeout, --flush-interval and --max-buffer-mb must be > 0")
+    local_out = Path(out[len("file://"):] if out.startswith("file://") else out)
+    if "://" not in out or out.startswith("file://"):
+        if local_out.exists() and not local_out.is_dir():
+            _fail(f"--out {out} is a file, not a directory; give a directory for the store (created if missing)")
+        try:
+            local_out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(f"--out {out}: cannot create the store directory: {exc}")
     try:
         store = open_store(out, writer_id=writer_id)
     except (ValueError, OSError) as exc:
@@ -215,7 +236,8 @@ def collect(
     opts = CollectOptions(url=(url or "").rstrip("/"), run_id=run_id or _default_run_id("run"),
                           poll_interval=poll_interval, clear_at=clear_at, flush_interval=flush_interval,
                           duration=duration, drive=drive, labels=_parse_labels(label),
-                          max_buffer_bytes=int(max_buffer_mb * (1 << 20)), redact_text=redact_text)
+                          max_buffer_bytes=int(max_buffer_mb * (1 << 20)), redact_text=redact_text,
+                          resume=resume, include_held=include_held, poll_timeout=poll_timeout)
     launch = None
     if server_command:
         from collectors.sglang.launcher import LaunchSpec
@@ -230,6 +252,22 @@ def collect(
     summary = _run_collector(store, opts, total_requests=requests if drive else None,
                              metrics_port=metrics_port, metrics_host=metrics_host, launch=launch)
     _print_summary(summary, out)
+    _exit_for(summary)
+
+
+def _exit_for(summary) -> None:
+    """Exit 1 when the run ended in error or lost rows it could not even record (see collect's help)."""
+    problems = []
+    if summary.end_reason.startswith("error"):
+        problems.append(f"the run ended in {summary.end_reason}")
+    if summary.rows_failed:
+        problems.append(f"{summary.rows_failed} rows could not be written")
+    problems += [e for e in summary.write_errors if e.startswith(("runs:", "gaps:"))]
+    if problems:
+        from rich.markup import escape
+
+        console.print(f"[red]error:[/red] {escape('; '.join(problems))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1)
 
 
 def _run_collector(store, opts, total_requests: Optional[int], *, metrics_port: Optional[int] = None,
@@ -351,8 +389,10 @@ def _print_summary(s, out) -> None:
         f"run [bold]{s.run_id}[/bold] ({s.mode}, gamma {s.gamma}, dp {s.dp_size}): "
         f"{s.steps} steps, {s.step_reqs} request-steps, {s.requests} requests"
         f"{f' ({s.failed_requests} failed)' if s.failed_requests else ''}, {s.tokens} tokens; "
-        f"{s.gaps} gaps ({s.lost_forward_cts} forward_cts at most, {s.clears} clears), "
+        f"{s.gaps} gaps ({s.lost_forward_cts} forward_cts at most"
+        f"{f' plus {s.open_gaps} of unknown length' if getattr(s, 'open_gaps', 0) else ''}, {s.clears} clears), "
         f"{s.dead_letters} dead letters, {s.rows_dropped} rows dropped"
+        f"{f', {s.requests_missing_steps} requests missing steps' if getattr(s, 'requests_missing_steps', 0) else ''}"
         f"{f', {s.rows_failed} rows failed to write' if getattr(s, 'rows_failed', 0) else ''}; "
         f"ended: {s.end_reason}; {s.elapsed_s:.1f}s -> {out}"
     )

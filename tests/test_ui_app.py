@@ -24,7 +24,7 @@ PAGES = {
                  "Utilisation against the ceiling per workload", "Utilisation against the ceiling by window",
                  "Verify budget and batch size over the run"], 1),
     "calibration": (["Reliability of survival S_k per draft position", "Calibration by draft position",
-                     "STS: ECE per position"], 1),
+                     "Recalibration, held out: ECE", "Recalibration, held out: Brier", "STS: ECE per position"], 1),
     "costmodel": (["Step time: measured cells vs the fitted additive model", "Predicted vs measured step time",
                    "Residuals by batch size", "Step-time error by batch size"], 1),
     "throughput": (["Total throughput vs per-user speed", "Per-user speed by workload and concurrency"], 1),

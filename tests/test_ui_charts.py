@@ -212,6 +212,22 @@ def test_sts_before_after_groups_bars_per_position():
     assert list(fig.data[1].text) == ["T=1.20", "T=1.50"]
 
 
+RECAL = pd.DataFrame({"position": [1, 2] * 3, "method": ["none"] * 2 + ["sts"] * 2 + ["beta"] * 2,
+                      "ece": [0.15, 0.14, 0.11, 0.10, 0.02, 0.025], "ece_ci_lo": [0.13, 0.12, 0.09, 0.08, 0.01, 0.02],
+                      "ece_ci_hi": [0.17, 0.16, 0.13, 0.12, 0.03, 0.03], "brier": [0.2, 0.21, 0.19, 0.2, 0.17, 0.18]})
+
+
+def test_recalibration_held_out_groups_one_bar_series_per_method_in_order():
+    fig = charts.recalibration_held_out(RECAL.iloc[::-1])
+    _check(fig, "Recalibration, held out: ECE", "draft position k", "ECE")
+    assert [t.name for t in fig.data] == ["none", "sts", "beta"]
+    assert list(fig.data[2].y) == [0.02, 0.025] and fig.data[2].error_y.array is not None
+    brier = charts.recalibration_held_out(RECAL, metric="brier")
+    assert list(brier.data[0].y) == [0.2, 0.21]
+    with pytest.raises(ValueError, match="metric must be"):
+        charts.recalibration_held_out(RECAL, metric="auroc")
+
+
 # -- cost model -----------------------------------------------------------------
 
 FIT = pd.DataFrame({"model": "fitted", "term": ["bias", "alpha", "alpha", "theta", "theta"],
@@ -310,6 +326,7 @@ EMPTY_CASES = [
     (charts.window_by_workload, None), (charts.verify_len_distribution, DIST),
     (charts.utilisation_by_window, DIST), (charts.utilisation_by_workload, None), (charts.budget_timeline, None),
     (charts.reliability_diagram, BINS), (charts.calibration_metrics, METRICS), (charts.sts_before_after, None),
+    (charts.recalibration_held_out, RECAL),
     (charts.costmodel_raw_vs_fitted, CELLS), (charts.predicted_vs_measured, CELLS),
     (charts.residuals_by_batch, CELLS), (charts.error_by_batch, None), (charts.throughput_curves, THROUGHPUT),
     (charts.per_user_by_workload, THROUGHPUT), (charts.request_timeline, STEPS), (charts.confidence_heatmap, STEPS),

@@ -40,6 +40,12 @@ def calibrate(
     current_sts: Optional[Path] = typer.Option(None, "--current-sts", help="The STS JSON the server ran with: "
                                                "recorded confidences are after it, so the fit needs it to recover "
                                                "raw logits. Default: no STS was applied."),
+    recalibrate: bool = typer.Option(False, "--recalibrate", help="Also fit STS, Platt, isotonic and beta maps of "
+                                     "the survival on half of the requests (seeded by --seed) and report each "
+                                     "one's ECE and Brier on the other half; writes table recalibration."),
+    recalibrate_out: Optional[Path] = typer.Option(None, "--recalibrate-out", help="With --recalibrate: write "
+                                                   "the best bias-capable map here as JSON (NOT loadable by "
+                                                   "SGLang 0.5.23; use it with dspark-obs replay --recalibration)."),
 ) -> None:
     """Measure calibration of the confidence head: does survival S_k predict that drafts 1..k all survive?
 
@@ -57,6 +63,12 @@ def calibrate(
     DeepSpec's, mass15 = equal-mass): ECE with a request-level bootstrap CI, debiased ECE, MCE,
     Brier, log loss, AUROC; reliability bins in `calibration_bins`.  Re-running replaces the
     rows of the same run and labels.
+
+    `--recalibrate` asks what a better head map would buy, honestly: per position, STS
+    (SGLang's), Platt (logit affine), isotonic and beta calibration are fitted on one half of
+    the requests (a seeded hash of the rid) and scored on the other half, with request-bootstrap
+    CIs — a temperature cannot remove a bias, the other three can.  Rows go to `recalibration`;
+    `--recalibrate-out` writes the best bias-capable map (by held-out ECE) for `replay`.
 
     `--fit-sts` fits Sequential Temperature Scaling exactly as SGLang's `dspark_sts_fit.py`
     (41-point log grid on [0.1, 10], 15-bin survival ECE, position by position) plus a
@@ -80,6 +92,8 @@ def calibrate(
     if not data.is_dir():
         fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
     current = _read_sts(current_sts) if current_sts is not None else None
+    if recalibrate_out is not None and not recalibrate:
+        fail("--recalibrate-out only matters with --recalibrate; add --recalibrate")
     if fit_sts is not None and fit_sts.is_dir():
         fail(f"--fit-sts {fit_sts} is a directory; give a file name such as sts.json")
 
@@ -109,6 +123,54 @@ def calibrate(
 
     if fit_sts is not None:
         _fit_and_write(con, run, labels, results, companion, current, current_sts, fit_sts)
+    if recalibrate:
+        _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, recalibrate_out)
+
+
+def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, out: Optional[Path]) -> None:
+    from dspark_obs.estimators import recalibration as rc
+
+    kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels
+    if kind is None:
+        fail("no labels to recalibrate on")
+    try:
+        result = rc.recalibrate_run(con, run, labels=kind, companion=companion, seed=seed,
+                                    n_bootstrap=min(bootstrap, 200), current_temperatures=current)
+    except ValueError as exc:
+        fail(f"--recalibrate: {exc}")
+    Console().print(_recalibration_table(result))
+    best = result.best_bias_capable()
+    err.print(f"held-out mean ECE: " + ", ".join(f"{m} {result.mean_ece(m):.4f}" for m in rc.METHODS)
+              + f"; best bias-capable: {best}. Rows in table recalibration ({kind} labels, seed {seed}).")
+    if out is not None:
+        try:
+            out.write_text(rc.survival_map_json(result, best), encoding="utf-8")
+        except OSError as exc:
+            fail(f"--recalibrate-out {out}: cannot write it ({exc.strerror})")
+        err.print(f"wrote {out} ({best}; not loadable by SGLang 0.5.23): dspark-obs replay --data D --run {run} "
+                  f"--recalibration {out}")
+
+
+def _recalibration_table(result) -> Table:
+    from dspark_obs.estimators import recalibration as rc
+
+    table = Table(title=f"Held-out ECE of survival S_k after each map ({result.labels} labels, all workloads; "
+                        "fitted on the other half of the requests), lower is better", header_style="bold")
+    table.add_column("k", justify="right")
+    for m in rc.METHODS:
+        table.add_column(f"{m}\nECE [95% CI]", justify="right")
+    by = {(r["position"], r["method"]): r for r in result.rows if r["workload"] == "*"}
+    for k in range(1, result.gamma + 1):
+        cells = []
+        for m in rc.METHODS:
+            r = by.get((k, m))
+            if r is None or r["ece"] is None:
+                cells.append("-")
+                continue
+            ci = f" [{r['ece_ci_lo']:.3f},{r['ece_ci_hi']:.3f}]" if r["ece_ci_lo"] is not None else ""
+            cells.append(f"{r['ece']:.4f}{ci}")
+        table.add_row(str(k), *cells)
+    return table
 
 
 def _read_sts(path: Path) -> list[float]:

@@ -50,6 +50,19 @@ def _load_sts(path: Optional[Path], flag: str) -> Optional[list[float]]:
     return [float(t) for t in temps]
 
 
+def _load_recalibration(path: Optional[Path]):
+    from dspark_obs.estimators.recalibration import load_survival_map
+
+    if path is None:
+        return None
+    try:
+        return load_survival_map(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        fail(f"--recalibration {path}: cannot read it ({exc.strerror or exc})")
+    except ValueError as exc:
+        fail(f"--recalibration {path}: {exc}")
+
+
 def replay(
     data: Path = typer.Option(..., help="Data root of the store."),
     run: str = typer.Option(..., help="Compact or cap-accept run to replay."),
@@ -57,6 +70,9 @@ def replay(
                                                   "confidences become sigmoid(logit(c) * T_current / T_new)."),
     current_sts: Optional[Path] = typer.Option(None, help="STS file the server was started with "
                                                           "(--speculative-dspark-confidence-sts-path); default: none."),
+    recalibration: Optional[Path] = typer.Option(None, help="What-if: a survival map from `dspark-obs calibrate "
+                                                 "--recalibrate --recalibrate-out FILE` (Platt, isotonic or beta; "
+                                                 "not loadable by SGLang 0.5.23)."),
     sps_table: Optional[Path] = typer.Option(None, help="Cost table the server planned with (default: the run's "
                                                         "table path, or the emulator's built-in table)."),
     whatif_table: Optional[Path] = typer.Option(None, help="What-if: plan with this cost table instead."),
@@ -72,7 +88,7 @@ def replay(
     Conformance: the share of decode steps whose replayed verify_len (and budget) equal the
     logged ones, using dspark_obs.scheduler on the recorded confidences, survivals two decode
     steps back, and the run's cost table.  What-if: the same steps re-planned with
-    recalibrated confidences (--sts) or another table (--whatif-table), with committed tokens
+    recalibrated confidences (--sts, or a bias-capable --recalibration map) or another table (--whatif-table), with committed tokens
     from the full-block acceptance (truth, else the ceiling table, else a survival-based
     interval) and step time from a cost table.
 
@@ -95,9 +111,11 @@ def replay(
     new_t, cur_t = _load_sts(sts, "--sts"), _load_sts(current_sts, "--current-sts")
     if cur_t is not None and new_t is None:
         fail("--current-sts only matters with --sts (the what-if temperatures); add --sts FILE")
+    maps = _load_recalibration(recalibration)
     try:
         con = sql.connect(data)
         report = rp.replay_run(con, run, sps_table=tables["--sps-table"], sts_temperatures=new_t,
+                               survival_maps=maps,
                                current_temperatures=cur_t, whatif_table=tables["--whatif-table"],
                                time_table=tables["--time-table"], use_emulator_truth=emulator_truth,
                                timer=timer)

@@ -68,6 +68,8 @@ class EngineConfig:
     host_overhead_seconds: float = 0.0004
     head_temperature: tuple[float, ...] = DEFAULT_HEAD_TEMPERATURE
     sts_temperatures: Optional[tuple[float, ...]] = None
+    # A logit bias of the head per position (0 = none; < 0 under-confident), applied before STS.
+    head_bias: tuple[float, ...] = (0.0,)
     expose_truth: bool = True
     track_produced: bool = False  # keep every produced record's key (tests)
     real_time: float = 0.0  # 0 = virtual clock; 1 = sleep each step's time
@@ -88,6 +90,8 @@ class EngineConfig:
         if len(self.head_temperature) < self.gamma:
             self.head_temperature = tuple(self.head_temperature) + (self.head_temperature[-1],) * (
                 self.gamma - len(self.head_temperature))
+        if len(self.head_bias) < self.gamma:
+            self.head_bias = tuple(self.head_bias) + (self.head_bias[-1],) * (self.gamma - len(self.head_bias))
 
 
 @dataclass
@@ -226,7 +230,8 @@ class _Rank:
         rids = [r.req.rid for r in batch]
         drafts = model.draft_blocks([r.track for r in batch], [r.stream_key for r in batch], positions,
                                     gamma=gamma, head_temperature=head_t,
-                                    greedy=[r.req.temperature <= 0 for r in batch])
+                                    greedy=[r.req.temperature <= 0 for r in batch],
+                                    head_bias=np.asarray(cfg.head_bias[:gamma], dtype=np.float64))
         # The head's output is quantised to what the record shows, so a replay of
         # the logged confidences plans exactly what the engine planned.
         conf = np.round(drafts.confidence.astype(np.float64), 4).astype(np.float32)

@@ -18,8 +18,9 @@ realised tokens — the emulator knows the hidden ceiling.
 The drafter: ``q = (1 - rho) p + rho * delta(j*)`` with ``j*`` the target's
 least likely candidate; ``rho`` is set so that the acceptance probability equals
 the head's true confidence ``c``.  Greedy requests accept with probability ``c``
-and otherwise draft ``j*``.  The head reports ``sigmoid(logit(c) / T_k)``:
-``T_k = 1`` is calibrated, ``T_k < 1`` over-confident at position ``k``.
+and otherwise draft ``j*``.  The head reports ``sigmoid((logit(c) + b_k) / T_k)``:
+``T_k = 1, b_k = 0`` is calibrated, ``T_k < 1`` over-confident at position ``k``,
+``b_k < 0`` under-confident everywhere (a bias no temperature can remove).
 
 ``draft_block`` drafts one request; the engine drafts a whole batch with
 ``draft_blocks``, which computes bit for bit the same numbers (the same random
@@ -148,7 +149,7 @@ class DraftBlock:
 
 
 def draft_block(track: TargetTrack, rng: np.random.Generator, *, first_pos: int, gamma: int,
-                head_temperature: np.ndarray, greedy: bool) -> DraftBlock:
+                head_temperature: np.ndarray, greedy: bool, head_bias: np.ndarray | float = 0.0) -> DraftBlock:
     """Draft positions ``first_pos .. first_pos + gamma - 1`` after the anchor."""
     prof = track.profile
     pos = first_pos + np.arange(gamma)
@@ -190,7 +191,7 @@ def draft_block(track: TargetTrack, rng: np.random.Generator, *, first_pos: int,
         a = a.astype(np.float64)
     else:
         a = np.where(alive, np.minimum(1.0, p[rows, d_idx] / np.maximum(q_d, 1e-12)), 0.0)
-    confidence = 1.0 / (1.0 + np.exp(-logit_c / head_temperature))
+    confidence = 1.0 / (1.0 + np.exp(-(logit_c + head_bias) / head_temperature))
     return DraftBlock(
         draft_tokens=draft_tokens.astype(np.int64),
         confidence=confidence.astype(np.float32),
@@ -217,7 +218,8 @@ class DraftBatch:
 
 
 def draft_blocks(tracks: Sequence[TargetTrack], keys: Sequence[StreamKey], first_pos: Sequence[int], *,
-                 gamma: int, head_temperature: np.ndarray, greedy: Sequence[bool]) -> DraftBatch:
+                 gamma: int, head_temperature: np.ndarray, greedy: Sequence[bool],
+                 head_bias: np.ndarray | float = 0.0) -> DraftBatch:
     """``draft_block(tracks[i], default_rng([*keys[i].key, first_pos[i]]), ...)`` for every ``i`` at once.
 
     Bit for bit the same numbers as the per-request function (the same draws, the
@@ -289,7 +291,7 @@ def draft_blocks(tracks: Sequence[TargetTrack], keys: Sequence[StreamKey], first
     with np.errstate(divide="ignore", invalid="ignore"):
         a_sampled = np.where(alive, np.minimum(1.0, p_d / np.maximum(q_d, 1e-12)), 0.0)
     a = np.where(greedy, a_greedy, a_sampled)
-    confidence = 1.0 / (1.0 + np.exp(-logit_c / head_temperature))
+    confidence = 1.0 / (1.0 + np.exp(-(logit_c + head_bias) / head_temperature))
     realised_pos = pos0[:, None] + np.arange(gamma + 1)
     tok = np.take_along_axis(cand, x_idx[..., None], axis=2)[..., 0]
     return DraftBatch(

@@ -65,7 +65,8 @@ REPLAY_CONFORMANCE = pa.schema([
     _field("table", _str, "cost table the replay planned with (where it came from)"),
 ])
 REPLAY_WHATIF = pa.schema([
-    _field("scenario", _str, "logged (measured) | replay | sts | table | sts+table"),
+    _field("scenario", _str, "logged (measured) | replay | sts | recalibration (a survival map, "
+                             "calibrate --recalibrate-out) | table | sts+table"),
     _field("steps", _i64, "decode steps priced"),
     _field("accepted_tokens_mean", _f64, "committed tokens per step (sum of acc_len), mid estimate"),
     _field("accepted_tokens_lo", _f64, "same, low end of the full-block acceptance interval"),
@@ -146,6 +147,19 @@ def recalibrate(confidence: np.ndarray, t_current: Sequence[float], t_new: Seque
         logit = np.log(c) - np.log1p(-c)
         new = 1.0 / (1.0 + np.exp(-logit * ratio))
     return np.where(ratio == 1.0, conf, new.astype(np.float32))
+
+
+def confidence_from_survival(survival: np.ndarray) -> np.ndarray:
+    """Conditional confidences ``c_k = S_k / S_{k-1}`` (``S_0 = 1``; 0 after a zero survival), float32.
+
+    >>> confidence_from_survival(np.array([[0.8, 0.4, 0.0]])).tolist()
+    [[0.800000011920929, 0.5, 0.0]]
+    """
+    s = np.asarray(survival, dtype=np.float64)
+    prev = np.hstack([np.ones((s.shape[0], 1)), s[:, :-1]])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(prev > 0, s / prev, 0.0)
+    return np.clip(c, 0.0, 1.0).astype(np.float32)
 
 
 def _temperatures(t: Sequence[float], gamma: int, which: str) -> np.ndarray:
@@ -552,11 +566,14 @@ def planning_table(con, run: str) -> tuple[ct.CostTable, str]:
 def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
                sts_temperatures: Optional[Sequence[float]] = None,
                current_temperatures: Optional[Sequence[float]] = None,
+               survival_maps: Optional[Sequence] = None,
                whatif_table: Optional[ct.CostTable] = None, time_table: Optional[ct.CostTable] = None,
                use_emulator_truth: bool = True, use_companion: bool = True,
                timer: str = "step_gpu_ms") -> ReplayReport:
     """Conformance of ``run`` and its what-if scenarios (see the module docstring).
 
+    ``survival_maps`` (:func:`~dspark_obs.estimators.recalibration.load_survival_map`)
+    re-plans with recalibrated survivals (scenario ``recalibration``).
     ``sps_table`` is the table the server planned with (default: :func:`planning_table`);
     ``whatif_table`` another one to plan with; ``time_table`` prices steps (default: the
     run's ``costmodel_fit``, else the planning table).
@@ -592,6 +609,13 @@ def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
         conf_new = recalibrate(log.confidence, current, sts_temperatures)
         _, lens_sts = replay_schedule(log, sps_table, confidence=conf_new, cfg=cfg)
         report.whatif.append({"scenario": "sts", **price_schedule(log, lens_sts, time_table), **base})
+    if survival_maps is not None:
+        from dspark_obs.estimators.recalibration import apply_survival_map
+
+        conf_map = confidence_from_survival(apply_survival_map(survival_from_confidence(log.confidence),
+                                                               list(survival_maps)))
+        _, lens_map = replay_schedule(log, sps_table, confidence=conf_map, cfg=cfg)
+        report.whatif.append({"scenario": "recalibration", **price_schedule(log, lens_map, time_table), **base})
     if whatif_table is not None:
         _, lens_t = replay_schedule(log, whatif_table, cfg=cfg)
         report.whatif.append({"scenario": "table", **price_schedule(log, lens_t, time_table), **base})

@@ -4,7 +4,8 @@
 -- drafts a full-block verify would accept, 0..gamma).  Categories follow
 -- SGLang's block-accept analyzer: exact_in_window (not censored),
 -- censored_resolved_exact, censored_diverged, censored_eos, censored_at_end.
--- sampling is greedy (temperature 0, exact rule) or temperature.
+-- sampling is greedy (exact rule), sampled or unknown (the sampled rule), as recorded, overridden or
+-- inferred (ceiling.sampling_source).
 --
 -- Parameters:
 --   $run_id   only this run; default NULL (every run)
@@ -13,7 +14,7 @@
 SELECT
     run_id,
     category,
-    CASE WHEN temperature = 0 THEN 'greedy' ELSE 'temperature' END AS sampling,
+    sampling,
     count(*) AS steps,
     avg("window") AS mean_window,
     avg(lo) AS mean_lo,

@@ -3,7 +3,8 @@
 Like ``dspark-obs demo`` but smaller and with the estimator tables filled: a
 compact run and its cap-accept companion collected from the embedded emulator
 (temperature sampling, three workloads), then ``ceiling``, ``calibration``
-(all label kinds), ``costmodel`` results and a stored STS fit written as the CLI commands would.
+(all label kinds), held-out ``recalibration``, ``costmodel`` results and a stored STS fit written as
+the CLI commands would.
 About 15-30 s on two cores.
 
     python -m dspark_obs.ui.sample /tmp/ui-sample
@@ -32,7 +33,7 @@ def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int
     from dspark_obs import sql
     from dspark_obs.emulator.engine import EngineConfig
     from dspark_obs.emulator.server import BackgroundServer
-    from dspark_obs.estimators import calibration, ceiling, costmodel
+    from dspark_obs.estimators import calibration, ceiling, costmodel, recalibration
     from dspark_obs.store import Store
 
     root = Path(root)
@@ -55,6 +56,7 @@ def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int
     for labels in calibration.LABEL_KINDS:
         calibration.calibrate_run(con, compact, labels=labels, n_bootstrap=bootstrap)
     calibration.calibrate_run(con, SAMPLE_RUNS["cap-accept"], labels="observed", n_bootstrap=bootstrap)
+    recalibration.recalibrate_run(con, compact, labels="companion", n_bootstrap=min(bootstrap, 50))
     report = costmodel.fit_runs(con, list(SAMPLE_RUNS.values()))
     costmodel.write_results(store, report)
     _store_sts(store, con, compact)

@@ -7,6 +7,7 @@ import streamlit as st
 
 from dspark_obs.ui import charts, widgets
 from dspark_obs.ui.charts._base import sorted_workloads
+from dspark_obs.ui.charts.calibration import RECALIBRATION_ORDER
 
 ds, f = widgets.context()
 st.title("Calibration")
@@ -84,6 +85,30 @@ with widgets.guard("Calibration tables"):
                 c: st.column_config.NumberColumn(format="%.4f")
                 for c in ("mean_predicted", "observed_rate", "ece", "ece_ci_lo", "ece_ci_hi", "debiased_ece",
                           "mce", "brier", "log_loss", "auroc")})
+
+with widgets.guard("Recalibration held out"):
+    st.subheader("Recalibration beyond temperature (held out)")
+    recal = ds.q("ui_recalibration", f)
+    if recal.empty:
+        st.caption(f"Run `dspark-obs calibrate --data {widgets.cli_root(ds)} --run RUN --recalibrate` to fit STS, "
+                   "Platt, isotonic and beta maps on half of the requests and score them on the other half.")
+    else:
+        r1, r2, r3 = st.columns(3)
+        recal_run = r1.selectbox("Run", list(dict.fromkeys(recal["run_id"])), key="recal_run")
+        mine = recal[recal["run_id"] == recal_run]
+        recal_labels = r2.selectbox("Labels", list(dict.fromkeys(mine["labels"])), key="recal_labels")
+        mine = mine[mine["labels"] == recal_labels]
+        recal_workload = r3.selectbox("Workload", sorted_workloads(mine["workload"]), key="recal_workload",
+                                      format_func=lambda w: "all workloads (*)" if w == "*" else w)
+        sel = mine[mine["workload"] == recal_workload]
+        left, right = st.columns(2)
+        with left:
+            widgets.show_chart(charts.recalibration_held_out(sel, metric="ece"), key="calibration-recal-ece")
+        with right:
+            widgets.show_chart(charts.recalibration_held_out(sel, metric="brier"), key="calibration-recal-brier")
+        means = sel.groupby("method")["ece"].mean()
+        st.caption("Mean held-out ECE over positions: " + ", ".join(f"{m} {means[m]:.4f}" for m in
+                   RECALIBRATION_ORDER if m in means) + ". Only STS loads into SGLang 0.5.23.")
 
 with widgets.guard("Stored STS calibrations"):
     st.subheader("Sequential Temperature Scaling")

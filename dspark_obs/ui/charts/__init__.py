@@ -8,7 +8,8 @@ from :mod:`dspark_obs.ui.palette`.
 """
 
 from dspark_obs.ui.charts._base import as_frame, caption_of
-from dspark_obs.ui.charts.calibration import calibration_metrics, reliability_diagram, sts_before_after
+from dspark_obs.ui.charts.calibration import (calibration_metrics, recalibration_held_out, reliability_diagram,
+                                             sts_before_after)
 from dspark_obs.ui.charts.ceiling import (
     accept_vs_ceiling, acceptance_by_position, estimate_categories, validation_bias, validation_coverage,
     validation_scatter,
@@ -25,6 +26,7 @@ from dspark_obs.ui.charts.windows import (
 )
 
 __all__ = [
+    "recalibration_held_out",
     "as_frame", "caption_of",
     "accept_vs_ceiling", "acceptance_by_position", "estimate_categories", "validation_scatter",
     "validation_coverage", "validation_bias",

@@ -16,7 +16,8 @@ from plotly.subplots import make_subplots
 from dspark_obs.ui.charts._base import as_frame, legend_right, new_figure, no_data, require_columns, sorted_workloads
 from dspark_obs.ui.palette import label_color, workload_color
 
-__all__ = ["reliability_diagram", "calibration_metrics", "sts_before_after", "LABEL_ORDER", "METRICS"]
+__all__ = ["reliability_diagram", "calibration_metrics", "sts_before_after", "recalibration_held_out",
+           "LABEL_ORDER", "METRICS", "RECALIBRATION_ORDER"]
 
 LABEL_ORDER = ("observed", "reconstructed", "companion")
 METRICS = {
@@ -28,6 +29,10 @@ METRICS = {
     "mce": ("MCE (lower is better)", True),
 }
 """Metric column -> (panel title, shown as a percentage)."""
+
+
+RECALIBRATION_ORDER = ("none", "sts", "platt", "isotonic", "beta")
+_RECAL_COLORS = {"none": "#BDBDBD", "sts": "#737373", "platt": "#1F3B73", "isotonic": "#3A8F5C", "beta": "#C2571A"}
 
 
 def _groups(df: pd.DataFrame, color_by: str) -> list[str]:
@@ -164,4 +169,39 @@ def sts_before_after(data) -> go.Figure:
     fig.update_layout(barmode="group")
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(tickformat=".1%", rangemode="tozero")
+    return fig
+
+
+def recalibration_held_out(data, *, metric: str = "ece") -> go.Figure:
+    """Held-out ECE (or Brier) of survival per position after each recalibration map, side by side.
+
+    Columns: position, method, and the metric (with ece_ci_lo / ece_ci_hi for
+    the ECE's error bars); pass one run, one label kind and one workload.
+    """
+    if metric not in ("ece", "brier"):
+        raise ValueError(f"metric must be 'ece' or 'brier', got {metric!r}")
+    df = as_frame(data)
+    require_columns(df, ["position", "method", metric], "recalibration_held_out")
+    fig = new_figure(
+        f"Recalibration, held out: {'ECE' if metric == 'ece' else 'Brier'} per position", "draft position k",
+        ("ECE of survival S_k (%)" if metric == "ece" else "Brier score"),
+        "Each map is fitted on half of the requests and scored on the other half. STS (the only map SGLang "
+        "0.5.23 loads) rescales logits; Platt, isotonic and beta can also remove a bias. ECE bars: 95% "
+        "request-bootstrap CI.")
+    if df.empty:
+        return no_data(fig)
+    present = set(df["method"])
+    for method in [m for m in RECALIBRATION_ORDER if m in present] + sorted(present - set(RECALIBRATION_ORDER)):
+        sub = df[df["method"] == method].sort_values("position")
+        error = None
+        if metric == "ece" and {"ece_ci_lo", "ece_ci_hi"} <= set(sub) and sub["ece_ci_lo"].notna().any():
+            error = dict(type="data", array=(sub["ece_ci_hi"] - sub["ece"]).clip(lower=0),
+                         arrayminus=(sub["ece"] - sub["ece_ci_lo"]).clip(lower=0), thickness=1.2, width=3)
+        fig.add_bar(x=sub["position"], y=sub[metric], name=method, error_y=error,
+                    marker_color=_RECAL_COLORS.get(method, "#999999"),
+                    hovertemplate="k=%{x}: %{y:.4f}<extra>" + method + "</extra>")
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(dtick=1)
+    if metric == "ece":
+        fig.update_yaxes(tickformat=".1%", rangemode="tozero")
     return fig
