@@ -66,8 +66,19 @@ def test_clears_lose_records_only_inside_reported_gaps(tmp_path, emulator):
     assert set(collected) <= produced
     lost_fcts = {fct for (_, fct, _) in produced - set(collected)}
     assert lost_fcts, "a clear discards the pending step, so something must be lost"
-    gaps = store.read("gaps", "r2").to_pylist()
+    rows = store.read("gaps", "r2").to_pylist()
+    gaps = [g for g in rows if g["dp_rank"] >= 0]  # forward_ct ranges; dp_rank -1 rows are per request
     assert {g["reason"] for g in gaps} == {"clear"}
+    # every request-step lost to a clear is also counted against its request, and the cause named
+    per_request = [g for g in rows if g["dp_rank"] < 0]
+    assert {g["reason"] for g in per_request} == {"request_steps_missing"}
+    short = {rid for (_, _, rid) in produced - set(collected)}
+    assert short <= {g["rid"] for g in per_request}
+    verify_ct = {r["rid"]: r["spec_verify_ct"] for r in store.read("requests", "r2").to_pylist()}
+    stored = {rid: sum(1 for c in collected if c[2] == rid) for rid in verify_ct}
+    assert {g["rid"]: g["rows_lost"] for g in per_request} == {
+        rid: verify_ct[rid] - stored[rid] for rid in verify_ct if verify_ct[rid] != stored[rid]}
+    assert all("clear" in g["detail"] for g in per_request)
     for fct in lost_fcts:
         # -1: a clear that ended the run, whose loss has no later record to bound it
         assert any(g["first_missing_forward_ct"] <= fct
@@ -83,7 +94,7 @@ def test_deque_wrap_between_polls_is_reported(tmp_path, emulator):
     produced = _produced(srv)
     collected = set(_collected(store, "r3"))
     lost = {fct for (_, fct, _) in produced - collected}
-    gaps = store.read("gaps", "r3").to_pylist()
+    gaps = [g for g in store.read("gaps", "r3").to_pylist() if g["dp_rank"] >= 0]  # forward_ct ranges
     assert lost and gaps and {g["reason"] for g in gaps} == {"deque_wrap"}
     outside = sorted(f for f in lost if not any(g["first_missing_forward_ct"] <= f <= g["last_missing_forward_ct"]
                                                 for g in gaps))

@@ -72,9 +72,10 @@ def test_openai_traffic_reads_spec_tokens_details_and_commits_the_same_tokens(tm
     for rid, got_api, verify_ct, n, cap, cap_steps, hist_total, block in rows:
         assert got_api == api and verify_ct == n == hist_total and cap == pytest.approx(cap_steps), rid
         assert block is None  # compact: SpecTokensDetails' 0.0 means "not reported"
-    same = con.execute("""SELECT count(*) FROM (SELECT rid, list(token_id ORDER BY pos) FILTER (WHERE run_id='g') a,
+    same = con.execute("""SELECT count(*) FROM (SELECT split_part(rid, '@', 1) AS rid, list(token_id ORDER BY pos) FILTER (WHERE run_id='g') a,
                           list(token_id ORDER BY pos) FILTER (WHERE run_id='o') b,
-                          list(logprob ORDER BY pos) FILTER (WHERE run_id='o') l FROM tokens GROUP BY rid)
+                          list(logprob ORDER BY pos) FILTER (WHERE run_id='o') l FROM tokens
+                              GROUP BY split_part(rid, '@', 1))  -- rids are run-scoped: <rid>@<run>
                           WHERE a = b AND list_count(l) = len(a)""").fetchone()[0]
     assert same == 10
 

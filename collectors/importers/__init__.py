@@ -134,14 +134,15 @@ class WorkloadResolver:
     """Workload of a request id: a ``--workload-map`` CSV first, then the rid pattern.
 
     The default pattern takes the text before the last ``-`` when the rest is a
-    number (``gsm8k-000017`` -> ``gsm8k``); a custom regex uses its named group
-    ``workload`` or its first group.
+    number, optionally followed by the driver's run scope ``@<run_id>``
+    (``gsm8k-000017`` or ``gsm8k-000017@run-1`` -> ``gsm8k``); a custom regex
+    uses its named group ``workload`` or its first group.
 
-    >>> WorkloadResolver()("arena-hard-000003"), WorkloadResolver()("abc")
-    ('arena-hard', None)
+    >>> WorkloadResolver()("arena-hard-000003"), WorkloadResolver()("poetry-000002@r1"), WorkloadResolver()("abc")
+    ('arena-hard', 'poetry', None)
     """
 
-    DEFAULT_PATTERN = r"(?P<workload>.+)-\d+"
+    DEFAULT_PATTERN = r"(?P<workload>[^@]+)-\d+(?:@[A-Za-z0-9_.-]+)?"
 
     def __init__(self, pattern: Optional[str] = None, mapping: Optional[dict[str, str]] = None) -> None:
         try:

@@ -8,6 +8,19 @@ token is stored.  Request ``i`` belongs to workload ``workloads[i % n]`` and
 gets the rid ``<workload>-<i:06d>`` and an explicit ``sampling_seed``, so the
 same request can later be replayed token for token (companion runs).
 
+**Request ids are unique per run**: with ``rid_scope`` set (the collector sets
+it to the run id) the rid is ``<workload>-<i:06d>@<run_id>``, so two driven
+runs on one server never share a rid and a request's steps are joined by
+(run, rid) only — before, run ``second`` re-used ``gsm8k-000000`` and its
+steps merged with the first run's.
+
+**Connection errors are retried** with bounded exponential backoff
+(``retries`` attempts after the first, ``retry_backoff_s`` doubling up to
+``retry_backoff_max_s``): the request was never answered, and SGLang refuses
+a second request with a rid it still runs, so a retry cannot duplicate work.
+A request still failing after that — or cancelled because the run stopped —
+goes to ``on_error`` and the collector stores it as a ``request_failed`` gap.
+
 ``drive(..., planned=[...])`` sends a given list of requests instead of the
 planned traffic (``collectors.sglang.companion`` replays a run this way): a
 request may carry its prompt as token ids (``input_ids``, sent instead of
@@ -69,12 +82,19 @@ class DriveSpec:
     redact_text: bool = False
     api: str = "generate"  # generate | completions | chat
     model: Optional[str] = None  # OpenAI "model"; default: the server's served_model_name
+    rid_scope: Optional[str] = None  # appended to every planned rid as "@<scope>" (the run id)
+    retries: int = 5  # connection-error retries per request (0: none)
+    retry_backoff_s: float = 0.25  # first backoff; doubles per retry
+    retry_backoff_max_s: float = 4.0
 
     def __post_init__(self) -> None:
         if self.api == "openai":
             self.api = "completions"
         if self.api not in APIS:
             raise ValueError(f"api {self.api!r} is not one of {', '.join(APIS)} (or openai = completions)")
+        if self.retries < 0 or self.retry_backoff_s < 0 or self.retry_backoff_max_s < self.retry_backoff_s:
+            raise ValueError(f"retries {self.retries} and backoff {self.retry_backoff_s} s (max "
+                             f"{self.retry_backoff_max_s} s) must be >= 0 with max >= first; e.g. --request-retries 5")
 
     @property
     def endpoint(self) -> str:
@@ -93,7 +113,8 @@ def plan_requests(spec: DriveSpec) -> list[PlannedRequest]:
         n_words = int(rng.integers(lo, hi + 1))
         words = rng.choice(len(_WORDS), size=n_words)
         text = f"[{workload}] request {i}: " + " ".join(_WORDS[w] for w in words)
-        planned.append(PlannedRequest(i, f"{workload}-{i:06d}", workload, text, spec.temperature,
+        rid = f"{workload}-{i:06d}" + (f"@{spec.rid_scope}" if spec.rid_scope else "")
+        planned.append(PlannedRequest(i, rid, workload, text, spec.temperature,
                                       spec.max_new_tokens, int(rng.integers(0, 2**31 - 1))))
     return planned
 
@@ -249,7 +270,8 @@ async def drive(client: httpx.AsyncClient, spec: DriveSpec,
                     payload = generate_body(req, top_logprobs=spec.top_logprobs)
                 else:
                     payload = openai_body(req, api, model=spec.model or "default", top_logprobs=spec.top_logprobs)
-                resp = await client.post("/generate" if api == "generate" else openai.ENDPOINTS[api], json=payload)
+                resp = await _post_with_retries(client, "/generate" if api == "generate" else openai.ENDPOINTS[api],
+                                                payload, spec)
                 resp.raise_for_status()
                 body = resp.json()
                 if not isinstance(body, dict):
@@ -270,7 +292,28 @@ async def drive(client: httpx.AsyncClient, spec: DriveSpec,
                 msg = f"{req.rid}: {type(exc).__name__}: {exc}"
                 result.errors.append(msg)
                 on_error(req, msg)
+            except asyncio.CancelledError:  # the run stopped with this request in flight: say so, then stop
+                result.failed += 1
+                on_error(req, f"{req.rid}: cancelled: the run stopped before the request finished")
+                raise
             on_progress(1)
 
     await asyncio.gather(*(worker() for _ in range(max(1, spec.concurrency))))
     return result
+
+
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+
+
+async def _post_with_retries(client: httpx.AsyncClient, path: str, payload: dict, spec: DriveSpec) -> httpx.Response:
+    """POST, retrying connection errors ``spec.retries`` times with doubling, bounded backoff."""
+    delay = spec.retry_backoff_s
+    for attempt in range(spec.retries + 1):
+        try:
+            return await client.post(path, json=payload)
+        except _RETRYABLE:
+            if attempt == spec.retries:
+                raise
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, spec.retry_backoff_max_s)
+    raise AssertionError("unreachable")

@@ -11,11 +11,28 @@ breaks the contract or does not fit the store, a failed request — each becomes
 a ``dead_letters`` row with the reason, counted in the summary.  Rows the
 writer cannot take because it fell behind are counted and their forward_ct
 range is written as a ``write_backlog`` gap; the poll loop never waits on disk.
+
+Every loss is a row of its own in ``gaps`` (see ``collectors.sglang.losses``):
+an outage of ``/server_info`` is one ``poll_error`` (or ``poll_stall``, a poll
+that timed out) row with its duration; a request the driver finally could not
+send is a ``request_failed`` row; at the end of a run each finished request
+whose ``spec_verify_ct`` differs from its stored request-steps is a
+``request_steps_missing`` row; rows of any table the writer dropped are
+``write_backlog`` / ``write_failed`` rows with the table and the count.
+
+The deque is cleared right after a body arrives, before it is decoded, so the
+records lost to a clear are only those the server made during one round trip.
+Polls are bounded by ``poll_timeout``; a stop (SIGTERM) ends the run within
+about ``flush_interval`` plus ``poll_timeout`` whatever the server does.
+A new run starts after the records the server already holds (unless
+``include_held``); an existing run is refused unless ``resume``
+(``collectors.sglang.runlife``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime as dt
 import json
 import time
@@ -25,7 +42,8 @@ from typing import Any, Awaitable, Callable, Optional
 import httpx
 import pyarrow as pa
 
-from collectors.sglang.cursor import ForwardCursor, Gap
+from collectors.sglang import losses, runlife
+from collectors.sglang.cursor import ForwardCursor, Gap, RankCursor
 from collectors.sglang.decode import (PayloadError, decode_server_info, lists_skipped, records_to_tables_safe,
                                       server_args)
 from collectors.sglang.driver import DriveSpec, PlannedRequest, drive
@@ -64,6 +82,9 @@ class CollectOptions:
     redact_text: bool = False
     mode: Optional[str] = None  # launch mode: SGLANG_RAGGED_VERIFY_MODE given to the server
     source: Optional[str] = None  # runs.source override
+    poll_timeout: float = 10.0  # one /server_info poll (or clear) at most this long; then a poll_stall
+    resume: bool = False  # continue an existing run (else it is refused)
+    include_held: bool = False  # also store the records the server held before the run started
 
 
 @dataclass
@@ -85,6 +106,8 @@ class CollectSummary:
     dead_letters: int = 0
     rows_dropped: int = 0
     rows_failed: int = 0
+    requests_missing_steps: int = 0
+    open_gaps: int = 0  # forward_ct gaps whose end is unknown (last_missing_forward_ct = -1)
     write_errors: list[str] = field(default_factory=list)
     end_reason: str = "completed"
     elapsed_s: float = 0.0
@@ -118,6 +141,11 @@ class Collector:
         self.progress = progress
         self._stop = asyncio.Event()
         self.stop_reason: Optional[str] = None
+        self.outage = losses.Outage()
+        self.accounting = losses.RequestAccounting()
+        self.resumed: Optional[runlife.ResumePoint] = None
+        self._clear_due = False
+        self._gap_reasons: set[str] = set()
 
     def stop(self, reason: Optional[str] = None) -> None:
         """Ask the run to end (signal handlers call this; safe to call more than once)."""
@@ -142,8 +170,11 @@ class Collector:
             "payload": _text(payload),
         }], schema=schema.schema_for("dead_letters")))
 
-    def _gap(self, gap: Gap) -> None:
+    def _gap(self, gap: Gap, **extra: Any) -> None:
+        """One ``gaps`` row; ``extra`` fills table_name, rows_lost, duration_s, rid, detail."""
         self.summary.gaps += 1
+        self._gap_reasons.add(gap.reason)
+        self.summary.open_gaps += int(gap.last_missing_forward_ct == -1)
         lost = 0
         if gap.last_missing_forward_ct >= gap.first_missing_forward_ct:
             lost = gap.last_missing_forward_ct - gap.first_missing_forward_ct + 1
@@ -153,7 +184,12 @@ class Collector:
         self._add("gaps", pa.Table.from_pylist([{
             "dp_rank": gap.dp_rank, "first_missing_forward_ct": gap.first_missing_forward_ct,
             "last_missing_forward_ct": gap.last_missing_forward_ct, "reason": gap.reason,
-            "segment": gap.segment, "detected_at": _now()}], schema=schema.schema_for("gaps")))
+            "segment": gap.segment, "detected_at": _now(), **extra}], schema=schema.schema_for("gaps")))
+
+    def _period_gap(self, reason: str, **extra: Any) -> None:
+        """A loss that is not a forward_ct range (an outage, a request): the range is empty (last < first)."""
+        hw = max((c.high_water for c in self.cursor.ranks.values()), default=0)
+        self._gap(Gap(-1, hw + 1, hw, reason, self.cursor.segment), **extra)
 
     # -- the run row -------------------------------------------------------------
 
@@ -174,6 +210,12 @@ class Collector:
             raise CollectError(f"{self.opts.url} exposes no dspark_info_record: {DEBUG_DUMP_HINT}")
         first = next(r for r in info.ranks if r.gamma or r.mode)
         self.cursor.note_start(info)
+        held = {r.dp_rank: r.records[-1].forward_ct for r in info.ranks if r.records}
+        if self.resumed is not None:
+            self._resume_cursor(info)
+        elif held and not self.opts.include_held:  # earlier traffic is not this run's
+            for dp_rank, fct in held.items():
+                self.cursor.ranks[dp_rank] = RankCursor(high_water=fct)
         capacity = args.get("emulator_max_records")
         if isinstance(capacity, int) and capacity > 0:
             self.cursor.capacity = capacity
@@ -196,11 +238,18 @@ class Collector:
                 self.opts.drive.model = model if isinstance(model, str) else "default"
         if self.opts.redact_text:
             labels["redact_text"] = "true"
+        if held and self.resumed is None:
+            labels["skipped_held_records" if not self.opts.include_held else "included_held_records"] = \
+                ",".join(f"dp{r}<={f}" for r, f in sorted(held.items()))
+        run_fields: dict[str, Any] = {"started_at": _now(), "ended_at": None, "end_reason": None}
+        if self.resumed is not None:
+            labels = {**self.resumed.labels, **labels}
+            run_fields = {"ended_at": None, "end_reason": None}
         self.metrics.on_run(run_id=self.opts.run_id, mode=self.summary.mode, gamma=self.summary.gamma,
                             dp_size=self.summary.dp_size, server_url=self.opts.url)
         source = self.opts.source or ("emulator" if args.get("emulator") else "sglang")
         self.store.upsert_run(
-            self.opts.run_id, started_at=_now(), source=source,
+            self.opts.run_id, **run_fields, source=source,
             server_url=self.opts.url, mode=self.summary.mode, gamma=self.summary.gamma,
             dp_size=self.summary.dp_size, labels=labels, companion_of=self.opts.companion_of,
             seed=seed if isinstance(seed, int) and abs(seed) < 2**63 else None,
@@ -213,34 +262,84 @@ class Collector:
         self.metrics.on_poll(0.0)
         await self._process(info)
 
+    def _resume_cursor(self, info) -> None:
+        """A resumed run goes on after what the store holds: its segment and high-water marks."""
+        point = self.resumed
+        self.cursor.segment = point.segment
+        if point.startup_time is not None:
+            self.cursor.startup_time = point.startup_time
+        for dp_rank, fct in point.high_water.items():
+            self.cursor.ranks[dp_rank] = RankCursor(high_water=fct)
+        self.accounting.stored.update(point.request_steps)
+
     # -- polling -----------------------------------------------------------------
 
-    async def poll_once(self, client: httpx.AsyncClient) -> None:
-        """One poll; never raises for anything the server sends."""
-        t0 = time.monotonic()
+    def _poll_failed(self, error: str, payload: Optional[bytes], *, timeout: bool) -> None:
+        self.summary.poll_errors += 1
+        self.metrics.poll_errors.inc()
+        if self.outage.failed(error, timeout=timeout):  # once per outage, not every poll
+            self._dead_letter("/server_info", error, payload)
+
+    def _close_outage(self) -> None:
+        fields = self.outage.close()
+        if fields is not None:
+            self._period_gap(fields.pop("reason"), **fields)
+
+    async def _get_server_info(self, client: httpx.AsyncClient, timeout: float, abandon_on_stop: bool):
+        """The GET, given up (None) when a stop arrives first: nothing was consumed yet."""
+        get = asyncio.ensure_future(client.get("/server_info", timeout=timeout))
+        if not abandon_on_stop:
+            return await get
+        stopped = asyncio.ensure_future(self._stop.wait())
         try:
-            resp = await client.get("/server_info")
+            await asyncio.wait({get, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if not get.done():
+            get.cancel()
+            await asyncio.gather(get, return_exceptions=True)
+            return None
+        return get.result()
+
+    async def poll_once(self, client: httpx.AsyncClient, *, timeout: Optional[float] = None,
+                        abandon_on_stop: bool = False) -> None:
+        """One poll, at most ``timeout`` (default ``poll_timeout``) s; never raises for anything the server sends.
+
+        A clear that is due (the last body held ``clear_at`` records or more, or
+        this one does by a byte count) is sent as soon as the body has arrived,
+        before it is decoded: what the server makes in between is lost to it.
+        """
+        t0 = time.monotonic()
+        timeout = self.opts.poll_timeout if timeout is None else timeout
+        try:
+            resp = await self._get_server_info(client, timeout, abandon_on_stop)
+            if resp is None:  # stopped while waiting on the server: the last poll reads what is left
+                return
             resp.raise_for_status()
             body = resp.content
-        except (httpx.HTTPError, OSError) as exc:
-            self.summary.poll_errors += 1
-            self.metrics.poll_errors.inc()
-            self._dead_letter("/server_info", f"poll failed: {type(exc).__name__}: {exc}", None)
+        except httpx.TimeoutException as exc:
+            self._poll_failed(f"poll timed out after {timeout:g} s: {type(exc).__name__}", None, timeout=True)
             return
+        except (httpx.HTTPError, OSError) as exc:
+            self._poll_failed(f"poll failed: {type(exc).__name__}: {exc}", None, timeout=False)
+            return
+        cleared = False
+        if self.opts.clear_at and (self._clear_due or body.count(b'"forward_ct"') >= self.opts.clear_at):
+            cleared = await self._clear(client, timeout=timeout)
         read_through = {dp: cur.high_water for dp, cur in self.cursor.ranks.items() if cur.high_water > 0}
         try:
             info = await asyncio.to_thread(decode_server_info, body, read_through)
         except PayloadError as exc:
-            self.summary.poll_errors += 1
-            self.metrics.poll_errors.inc()
-            self._dead_letter("/server_info", str(exc), body)
+            self._poll_failed(str(exc), body, timeout=False)
             return
+        self._close_outage()
         self.summary.polls += 1
         self.metrics.on_poll(time.monotonic() - t0)
         await self._process(info, body)
+        if cleared:
+            self.cursor.note_cleared()
         held = max((len(r.records) + len(r.dead) for r in info.ranks), default=0)
-        if self.opts.clear_at and held >= self.opts.clear_at:
-            await self._clear(client)
+        self._clear_due = bool(self.opts.clear_at) and not cleared and held >= self.opts.clear_at
 
     async def _process(self, info, body: Optional[bytes] = None) -> None:
         """Advance the cursor over one decoded body and queue its new rows, gaps and dead letters."""
@@ -267,6 +366,7 @@ class Collector:
             for reason, raw in dead:
                 self._dead_letter("/server_info", reason, raw)
             if self.writer.add_group([("steps", steps), ("step_reqs", reqs)]):
+                self.accounting.add_steps(reqs.column("rid").to_pylist())
                 self.metrics.rows.labels("steps").inc(steps.num_rows)
                 self.metrics.rows.labels("step_reqs").inc(reqs.num_rows)
                 self.summary.steps += steps.num_rows
@@ -277,7 +377,10 @@ class Collector:
                 self.metrics.rows_dropped.labels("steps").inc(steps.num_rows)
                 self.metrics.rows_dropped.labels("step_reqs").inc(reqs.num_rows)
                 fcts = steps.column("forward_ct")
-                self._gap(Gap(dp_rank, fcts[0].as_py(), fcts[-1].as_py(), "write_backlog", self.cursor.segment))
+                self._gap(Gap(dp_rank, fcts[0].as_py(), fcts[-1].as_py(), "write_backlog", self.cursor.segment),
+                          table_name="steps", rows_lost=steps.num_rows,
+                          detail=f"{steps.num_rows} steps and {reqs.num_rows} step_reqs rows refused: the write "
+                                 "backlog was full (--max-buffer-mb)")
         for rank in info.ranks:
             cur = self.cursor.ranks.get(rank.dp_rank)
             self.metrics.on_rank(rank.dp_rank, len(rank.records) + len(rank.dead), cur.high_water if cur else 0)
@@ -294,22 +397,24 @@ class Collector:
                 self._gap(Gap(dp_rank, cur.high_water + 1, -1, "clear", self.cursor.segment))
                 cur.cleared = False
 
-    async def _clear(self, client: httpx.AsyncClient) -> None:
+    async def _clear(self, client: httpx.AsyncClient, *, timeout: Optional[float] = None) -> bool:
+        """Ask the server to clear its deque; True when it did (the caller tells the cursor after decoding)."""
         try:
-            resp = await client.post("/set_internal_state",
+            resp = await client.post("/set_internal_state", timeout=timeout or self.opts.poll_timeout,
                                      json={"server_args": {"dspark_clear_info_records": True}})
             resp.raise_for_status()
             body = resp.json()
             if isinstance(body, dict) and body.get("updated"):
-                self.cursor.note_cleared()
                 self.summary.clears += 1
+                return True
         except (httpx.HTTPError, OSError, ValueError) as exc:
-            self._dead_letter("/set_internal_state", f"clear failed: {exc}", None)
+            self._dead_letter("/set_internal_state", f"clear failed: {type(exc).__name__}: {exc}", None)
+        return False
 
     async def _poll_loop(self, client: httpx.AsyncClient) -> None:
         while not self._stop.is_set():
             try:
-                await self.poll_once(client)
+                await self.poll_once(client, abandon_on_stop=True)
             except Exception as exc:  # a bug of ours must not end collection silently either
                 self._dead_letter("collector", f"poll raised {type(exc).__name__}: {exc}", None)
             try:
@@ -322,9 +427,50 @@ class Collector:
     def _on_result(self, row: dict[str, Any], tokens: pa.Table) -> None:
         self._add("requests", pa.Table.from_pylist([row], schema=schema.schema_for("requests")))
         self._add("tokens", tokens)
+        self.accounting.finished(row["rid"], row.get("spec_verify_ct"))
         self.summary.requests += 1
         self.summary.tokens += tokens.num_rows
         self.progress("requests", 1)
+
+    def _on_request_error(self, req: PlannedRequest, message: str) -> None:
+        """A request finally lost (retries spent, or cancelled at stop): a dead letter and a gap row."""
+        self.summary.failed_requests += 1
+        self._dead_letter(self.opts.drive.endpoint, message, req.rid)
+        self._period_gap("request_failed", rid=req.rid, detail=message[:2000])
+
+    def _planned(self) -> Optional[list[PlannedRequest]]:
+        """What to send: the given replay, or the planned traffic less what a resumed run finished."""
+        if self.opts.planned is not None or self.resumed is None:
+            return self.opts.planned
+        from collectors.sglang.driver import plan_requests
+
+        done = {r.rsplit("@", 1)[0] for r in self.resumed.rids}
+        return [req for req in plan_requests(self.opts.drive) if req.rid.rsplit("@", 1)[0] not in done]
+
+    def _prepare(self) -> None:
+        """Refuse an existing run (or resume it), and scope the driver's rids to this run (attempt)."""
+        try:
+            row = runlife.check_new_run(self.store, self.opts.run_id, resume=self.opts.resume)
+        except runlife.RunExists as exc:
+            raise CollectError(str(exc)) from None
+        if row is not None:
+            self.resumed = runlife.resume_point(self.store, self.opts.run_id, row)
+        drive_spec = self.opts.drive
+        if drive_spec is not None and self.opts.planned is None and drive_spec.rid_scope is None:
+            attempt = sum(1 for k in (self.resumed.labels if self.resumed else {}) if k.endswith("_previous_end"))
+            scope = self.opts.run_id + (f".r{attempt}" if attempt else "")
+            self.opts.drive = dataclasses.replace(drive_spec, rid_scope=scope)  # the caller's spec stays as given
+
+    def _final_losses(self) -> None:
+        """Rows for what the run lost that no poll saw: outage, request accounting, dropped rows."""
+        self._close_outage()
+        if self.opts.drive is not None:
+            reasons = set(self._gap_reasons)
+            for fields in self.accounting.mismatches(reasons):
+                self.summary.requests_missing_steps += 1
+                self._period_gap(fields.pop("reason"), **fields)
+        for fields in losses.dropped_rows(dict(self.writer.dropped), {}):
+            self._period_gap(fields.pop("reason"), **fields)
 
     # -- the run -----------------------------------------------------------------
 
@@ -340,6 +486,11 @@ class Collector:
         limits = httpx.Limits(max_connections=(self.opts.drive.concurrency if self.opts.drive else 1) + 4)
         extra_labels: dict = {}
         try:
+            self._prepare()
+        except CollectError:
+            self.writer.close()
+            raise
+        try:
             async with httpx.AsyncClient(base_url=self.opts.url, timeout=self.opts.request_timeout,
                                          limits=limits) as client:
                 await self._start_run(client)
@@ -347,8 +498,7 @@ class Collector:
                 if self.opts.drive is not None:
                     main = asyncio.create_task(drive(
                         client, self.opts.drive, self._on_result,
-                        on_error=lambda req, msg: self._dead_letter(self.opts.drive.endpoint, msg, req.rid),
-                        planned=self.opts.planned))
+                        on_error=self._on_request_error, planned=self._planned()))
                 elif self.opts.duration is not None:
                     main = asyncio.create_task(asyncio.sleep(self.opts.duration))
                 else:
@@ -368,17 +518,22 @@ class Collector:
                     self.summary.end_reason = "interrupted: stop requested"
                 if main.done() and not main.cancelled() and self.opts.drive is not None:
                     exc = main.exception()
-                    if exc is None:
-                        self.summary.failed_requests = main.result().failed
-                    else:
+                    if exc is not None:
                         self.summary.end_reason = f"error: traffic driver: {exc}"
                 for task in (main, stopper):
                     if not task.done():
                         task.cancel()
+                if not main.done():  # let cancelled requests report themselves (request_failed rows)
+                    await asyncio.wait({main}, timeout=5.0)
                 self._stop.set()
-                await poller
+                # the poller ends after its current poll, which is bounded by poll_timeout
+                await asyncio.wait({poller}, timeout=self.opts.poll_timeout + 1.0)
+                if not poller.done():
+                    poller.cancel()
                 if not server_dead:
-                    await self.poll_once(client)  # dump() drains the last pending step
+                    # dump() drains the last pending step; a signal asks for a short last look
+                    last = min(self.opts.poll_timeout, 2.0) if self.stop_reason else self.opts.poll_timeout
+                    await self.poll_once(client, timeout=last)
                     self._report_trailing_clears()
                 if before_close is not None:
                     extra_labels = await before_close() or {}
@@ -389,10 +544,25 @@ class Collector:
             self.summary.end_reason = f"error: {type(exc).__name__}: {exc}"
             if before_close is not None:
                 extra_labels = await before_close() or {}
-        self.writer.close()
+        if self.summary.failed_requests and not self.summary.requests \
+                and not self.summary.end_reason.startswith(("error", "interrupted", "server_exited")):
+            self.summary.end_reason = f"error: all {self.summary.failed_requests} requests failed"
+        self._final_losses()
+        self.writer.close(timeout=max(10.0, 2 * self.opts.flush_interval))
         self.summary.rows_dropped = self.writer.rows_dropped
         self.summary.rows_failed = self.writer.rows_failed
         self.summary.write_errors = list(self.writer.errors)
+        failed = losses.dropped_rows({}, dict(self.writer.failed))
+        if failed:  # the writer could not commit these: try once more, directly, to leave a trace
+            hw = max((c.high_water for c in self.cursor.ranks.values()), default=0)
+            try:
+                self.store.write("gaps", self.opts.run_id, [
+                    {"dp_rank": -1, "first_missing_forward_ct": hw + 1, "last_missing_forward_ct": hw,
+                     "segment": self.cursor.segment, "detected_at": _now(), **f} for f in failed])
+            except Exception as exc:
+                self.summary.write_errors.append(f"gaps: the write_failed rows could not be written either: {exc}")
+            if not self.summary.end_reason.startswith("error"):
+                self.summary.end_reason = f"error: {self.summary.rows_failed} rows could not be written"
         self.summary.elapsed_s = time.monotonic() - t0
         fields: dict[str, Any] = {"ended_at": _now(), "end_reason": self.summary.end_reason}
         if extra_labels:

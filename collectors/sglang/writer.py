@@ -48,7 +48,7 @@ class BufferedWriter:
         self._closed = False
         self.rows_written: dict[str, int] = defaultdict(int)
         self.dropped: dict[str, int] = defaultdict(int)
-        self.rows_failed = 0
+        self.failed: dict[str, int] = defaultdict(int)  # per table: rows that could not be committed
         self.files_written = 0
         self.errors: list[str] = []
         self._thread = threading.Thread(target=self._run, name="dspark-obs-writer", daemon=True)
@@ -59,6 +59,10 @@ class BufferedWriter:
     @property
     def rows_dropped(self) -> int:
         return sum(self.dropped.values())
+
+    @property
+    def rows_failed(self) -> int:
+        return sum(self.failed.values())
 
     @property
     def pending_bytes(self) -> int:
@@ -106,8 +110,12 @@ class BufferedWriter:
                     if self.store.write(table, self.run_id, data) is not None:
                         self.files_written += 1
                 except (ValueError, TypeError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-                    self.rows_failed += rows  # can never be written: do not retry forever
+                    self.failed[table] += rows  # can never be written: do not retry forever
+                    with self._lock:
+                        self._pending_bytes -= size
+                        self._pending_rows -= rows
                     self.errors.append(f"{table}: {rows} rows cannot be written: {exc}")
+                    continue
                 except Exception as exc:  # I/O: keep the rows and retry at the next flush
                     self.errors.append(f"{table}: write failed, will retry: {exc}")
                     with self._lock:
@@ -138,9 +146,10 @@ class BufferedWriter:
         self._thread.join(timeout=timeout)
         self.flush()
         with self._lock:
-            left = sum(d.num_rows for parts in self._buffers.values() for d in parts)
+            left = {t: sum(d.num_rows for d in parts) for t, parts in self._buffers.items()}
             self._buffers.clear()
             self._pending_bytes = self._pending_rows = 0
-        if left:
-            self.rows_failed += left
-            self.errors.append(f"{left} rows could not be written before exit")
+        for table, n in left.items():
+            if n:
+                self.failed[table] += n
+                self.errors.append(f"{table}: {n} rows could not be written before exit")
