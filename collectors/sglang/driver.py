@@ -302,7 +302,10 @@ async def drive(client: httpx.AsyncClient, spec: DriveSpec,
     return result
 
 
-_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError)
+# Errors where no answer came: the connection was refused, timed out connecting, or dropped (a server
+# going down mid-request).  An HTTP error status is an answer and is not retried.
+_RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError, httpx.ReadError,
+              httpx.WriteError)
 
 
 async def _post_with_retries(client: httpx.AsyncClient, path: str, payload: dict, spec: DriveSpec) -> httpx.Response:

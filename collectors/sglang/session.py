@@ -287,6 +287,7 @@ class Collector:
 
     async def _get_server_info(self, client: httpx.AsyncClient, timeout: float, abandon_on_stop: bool):
         """The GET, given up (None) when a stop arrives first: nothing was consumed yet."""
+        t0 = time.monotonic()
         get = asyncio.ensure_future(client.get("/server_info", timeout=timeout))
         if not abandon_on_stop:
             return await get
@@ -298,6 +299,10 @@ class Collector:
         if not get.done():
             get.cancel()
             await asyncio.gather(get, return_exceptions=True)
+            waited = time.monotonic() - t0
+            if waited >= 1.0:  # the server was not answering when the stop came: that is a stall too
+                self._poll_failed(f"poll abandoned at stop after {waited:.1f} s without an answer", None,
+                                  timeout=True)
             return None
         return get.result()
 
