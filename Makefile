@@ -6,9 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 FIDELITY_VENV ?= .fidelity-venv
+REALMODEL_VENV ?= .realmodel-venv
 DEMO_OUT ?= demo-data
 
-.PHONY: install chromium demo test test-main test-fidelity clean
+.PHONY: install chromium demo test test-main test-fidelity test-realmodel clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,13 +29,17 @@ chromium:
 demo: install
 	$(BIN)/dspark-obs demo --out $(DEMO_OUT)
 
-test: test-main test-fidelity
+test: test-main test-fidelity test-realmodel
 
 test-main: install chromium
 	$(BIN)/python -m pytest -q
 
 test-fidelity:
 	FIDELITY_VENV=$(FIDELITY_VENV) bash .ci/fidelity-venv.sh
+
+# SmolLM2-135M behind the emulator, in its own venv (torch CPU; the model cache is reused).
+test-realmodel:
+	REALMODEL_VENV=$(REALMODEL_VENV) bash .ci/realmodel-venv.sh
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
