@@ -58,8 +58,10 @@ def test_a_forced_deque_wrap_is_counted_exactly(tmp_path, emulator):
         before = max((f for r, f in got if f < g["first_missing_forward_ct"]), default=0)
         after = min(f for r, f in got if f > g["last_missing_forward_ct"])
         assert before == g["first_missing_forward_ct"] - 1 and after == g["last_missing_forward_ct"] + 1
-    assert summary.gaps == len(gaps) and summary.lost_forward_cts == sum(
+    every = store.read("gaps", "w").to_pylist()  # with the per-request rows (dp_rank -1, empty ranges)
+    assert summary.gaps == len(every) and summary.lost_forward_cts == sum(
         g["last_missing_forward_ct"] - g["first_missing_forward_ct"] + 1 for g in gaps)
+    assert {g["reason"] for g in every if g["dp_rank"] < 0} <= {"request_steps_missing"}
 
 
 @pytest.fixture

@@ -20,6 +20,16 @@ deque wrap without being full, so a jump seen in a full deque (``capacity``
 records: SGLang's fixed ``INFO_DUMP_MAX_RECORDS``) is reported too.
 A rank first seen with an empty deque (at the poll or at ``note_start``) is
 followed from ``forward_ct`` 0.
+
+A restart is recognised only from evidence one odd record cannot fake: a new
+``startup_time`` together with counters that start again (the deque's oldest
+record at or below the mark, or an empty deque), or the same new
+``startup_time`` in two bodies running; without a new
+``startup_time``, a rank whose records *all* lie below the mark, at least two
+of them.  A body that shows neither is consumed as usual (its old records are
+below the mark anyway).  A ``startup_time`` seen before coming back after a
+restart means two servers answer behind one URL: the cursor stays with the
+current one, ignores the other's bodies and says so once (``PollDelta.note``).
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ class PollDelta:
     new: dict[int, list[_Record]] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
     restarted: bool = False
+    note: str = ""  # something the collector should report once (two servers behind one URL)
 
 
 # SGLang's dspark_observability.INFO_DUMP_MAX_RECORDS: the record deque's fixed maxlen.
@@ -66,6 +77,9 @@ class ForwardCursor:
         self.segment = 0
         self.startup_time: Optional[float] = None
         self.ranks: dict[int, RankCursor] = {}
+        self._pending_startup: Optional[float] = None  # a new startup_time seen once, not yet confirmed
+        self._former_startups: set[float] = set()  # servers we moved on from
+        self.other_servers: set[float] = set()  # startup_times of servers answering beside ours
 
     def note_start(self, info: ServerInfoPayload) -> None:
         """Take the body read when the run starts as the baseline, consuming nothing.
@@ -85,24 +99,62 @@ class ForwardCursor:
         for cursor in self.ranks.values():
             cursor.cleared = True
 
+    def _went_back(self, info: ServerInfoPayload, *, min_records: int) -> bool:
+        """Every rank we follow shows counters below its mark (or an empty deque), one at least records."""
+        seen = False
+        for rank in info.ranks:
+            cur = self.ranks.get(rank.dp_rank)
+            if cur is None or cur.high_water == 0:
+                continue
+            if rank.records:
+                if rank.records[-1].forward_ct >= cur.high_water or len(rank.records) < min_records:
+                    return False
+                seen = True
+        return seen or (min_records == 0 and all(not r.records for r in info.ranks))
+
+    def _counter_reset(self, info: ServerInfoPayload) -> bool:
+        """With a new startup_time: every deque empty, or a followed rank's oldest record at or below its mark."""
+        if all(not r.records for r in info.ranks):
+            return True
+        for rank in info.ranks:
+            cur = self.ranks.get(rank.dp_rank)
+            if cur is not None and rank.records and rank.records[0].forward_ct <= cur.high_water:
+                return True
+        return False
+
+    def _restart_confirmed(self, info: ServerInfoPayload, delta: PollDelta) -> Optional[bool]:
+        """True: a restart; False: none; None: ignore this body (another server, or unconfirmed)."""
+        new_time = info.startup_time
+        if self.startup_time is None or new_time is None or new_time == self.startup_time:
+            self._pending_startup = None
+            return self._went_back(info, min_records=2)
+        if new_time in self._former_startups or new_time in self.other_servers:
+            if new_time not in self.other_servers:
+                self.other_servers.add(new_time)
+                delta.note = (f"two servers answer behind one URL: startup_time {self.startup_time} and {new_time} "
+                              "alternate; following the first, ignoring the other's bodies — give each its own "
+                              "collector and --url")
+            return None
+        if self._counter_reset(info) or self._pending_startup == new_time:
+            return True
+        self._pending_startup = new_time  # one body only: wait for a second before believing it
+        return None
+
     def advance(self, info: ServerInfoPayload) -> PollDelta:
         delta = PollDelta()
-        restarted = (
-            self.startup_time is not None and info.startup_time is not None
-            and info.startup_time != self.startup_time
-        )
-        if not restarted:
-            for rank in info.ranks:
-                cur = self.ranks.get(rank.dp_rank)
-                if cur and rank.records and rank.records[-1].forward_ct < cur.high_water:
-                    restarted = True
+        restarted = self._restart_confirmed(info, delta)
+        if restarted is None:
+            return delta
         if restarted:
+            if self.startup_time is not None:
+                self._former_startups.add(self.startup_time)
+            self._pending_startup = None
             self.segment += 1
             for dp_rank, cur in sorted(self.ranks.items()):
                 delta.gaps.append(Gap(dp_rank, cur.high_water + 1, -1, "server_restart", self.segment))
             self.ranks = {}
             delta.restarted = True
-        if info.startup_time is not None:
+        if info.startup_time is not None and (restarted or self.startup_time is None):
             self.startup_time = info.startup_time
 
         for rank in info.ranks:

@@ -40,9 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional
 
 import httpx
+import msgspec
 import pyarrow as pa
 
-from collectors.sglang import losses, runlife
+from collectors.sglang import losses, runlife, validate
 from collectors.sglang.cursor import ForwardCursor, Gap, RankCursor
 from collectors.sglang.decode import (PayloadError, decode_server_info, lists_skipped, records_to_tables_safe,
                                       server_args)
@@ -146,6 +147,8 @@ class Collector:
         self.resumed: Optional[runlife.ResumePoint] = None
         self._clear_due = False
         self._gap_reasons: set[str] = set()
+        self._seen_dead = validate.SeenOnce()
+        self._payload_mode = ""
 
     def stop(self, reason: Optional[str] = None) -> None:
         """Ask the run to end (signal handlers call this; safe to call more than once)."""
@@ -159,6 +162,11 @@ class Collector:
         ok = self.writer.add(table, data)
         (self.metrics.rows if ok else self.metrics.rows_dropped).labels(table).inc(data.num_rows)
         return ok
+
+    def _dead_letter_once(self, reason: str, payload: bytes) -> None:
+        """A bad record still in the deque is seen at every poll: dead-letter it the first time only."""
+        if self._seen_dead.first(reason, payload):
+            self._dead_letter("/server_info", reason, payload)
 
     def _dead_letter(self, source: str, reason: str, payload: bytes | str | None) -> None:
         self.summary.dead_letters += 1
@@ -221,6 +229,7 @@ class Collector:
             self.cursor.capacity = capacity
         env = args.get("env") if isinstance(args.get("env"), dict) else {}
         payload_mode = first.mode or env.get("SGLANG_RAGGED_VERIFY_MODE", "")
+        self._payload_mode = payload_mode if payload_mode in ("static", "compact", "cap-accept") else ""
         self.summary.mode = self.opts.mode or payload_mode
         self.summary.gamma = first.gamma
         self.summary.dp_size = len(info.ranks)
@@ -332,11 +341,25 @@ class Collector:
         if self.opts.clear_at and (self._clear_due or body.count(b'"forward_ct"') >= self.opts.clear_at):
             cleared = await self._clear(client, timeout=timeout)
         read_through = {dp: cur.high_water for dp, cur in self.cursor.ranks.items() if cur.high_water > 0}
+        recovered: list[tuple[str, bytes]] = []
         try:
             info = await asyncio.to_thread(decode_server_info, body, read_through)
         except PayloadError as exc:
-            self._poll_failed(str(exc), body, timeout=False)
+            fixed, recovered = await asyncio.to_thread(validate.recover_body, body)
+            try:
+                if fixed is None:
+                    raise exc
+                info = await asyncio.to_thread(decode_server_info, fixed, read_through)
+                body = fixed
+            except PayloadError as exc2:
+                self._poll_failed(str(exc2), body, timeout=False)
+                return
+        if not info.has_dspark:
+            self._poll_failed("the body has no dspark_info_record: was the server restarted without "
+                              f"records? {DEBUG_DUMP_HINT}", body[:4096], timeout=False)
             return
+        for reason, raw in recovered:
+            self._dead_letter_once(reason, raw)
         self._close_outage()
         self.summary.polls += 1
         self.metrics.on_poll(time.monotonic() - t0)
@@ -348,7 +371,12 @@ class Collector:
 
     async def _process(self, info, body: Optional[bytes] = None) -> None:
         """Advance the cursor over one decoded body and queue its new rows, gaps and dead letters."""
+        for rank in info.ranks:  # duplicates, out-of-order and absurd forward_cts never reach the cursor
+            for reason, raw in validate.order_records(rank):
+                self._dead_letter_once(reason, raw)
         delta = self.cursor.advance(info)
+        if delta.note:
+            self._dead_letter_once(delta.note, b"")
         if body is not None and any(lists_skipped(r) for recs in delta.new.values() for r in recs):
             # a restart made already-read forward_cts new again: read the body in full
             info = await asyncio.to_thread(decode_server_info, body)
@@ -358,7 +386,7 @@ class Collector:
                 delta.new[dp_rank] = [r for r in by_rank[dp_rank].records if r.forward_ct in wanted]
         for rank in info.ranks:
             for reason, raw in rank.dead:
-                self._dead_letter("/server_info", reason, raw)
+                self._dead_letter_once(reason, raw)
         for gap in delta.gaps:
             self._gap(gap)
         raws = {rank.dp_rank: rank for rank in info.ranks}
@@ -369,7 +397,16 @@ class Collector:
                 records_to_tables_safe, records, rank.raws[offset:] if rank.raws else None,
                 dp_rank=dp_rank, segment=self.cursor.segment)
             for reason, raw in dead:
-                self._dead_letter("/server_info", reason, raw)
+                self._dead_letter_once(reason, raw)
+            steps, reqs, bad = validate.check_tables(steps, reqs, gamma=self.summary.gamma, mode=self._payload_mode)
+            if bad:
+                by_fct = {r.forward_ct: r for r in records}
+                for fct, reasons in sorted(bad.items()):
+                    rec = by_fct.get(fct)
+                    raw = msgspec.json.encode(rec) if rec is not None else b""
+                    self._dead_letter_once(f"dp_rank {dp_rank}: forward_ct {fct} is not a possible record for "
+                                           f"gamma {self.summary.gamma}, mode {self._payload_mode or '?'}: "
+                                           + "; ".join(reasons), raw)
             if self.writer.add_group([("steps", steps), ("step_reqs", reqs)]):
                 self.accounting.add_steps(reqs.column("rid").to_pylist())
                 self.metrics.rows.labels("steps").inc(steps.num_rows)
@@ -463,7 +500,8 @@ class Collector:
         drive_spec = self.opts.drive
         if drive_spec is not None and self.opts.planned is None and drive_spec.rid_scope is None:
             attempt = sum(1 for k in (self.resumed.labels if self.resumed else {}) if k.endswith("_previous_end"))
-            scope = self.opts.run_id + (f".r{attempt}" if attempt else "")
+            # A companion replays its original's requests: the same rids pair its steps with the original's.
+            scope = self.opts.companion_of or (self.opts.run_id + (f".r{attempt}" if attempt else ""))
             self.opts.drive = dataclasses.replace(drive_spec, rid_scope=scope)  # the caller's spec stays as given
 
     def _final_losses(self) -> None:
