@@ -22,7 +22,7 @@ whose ``spec_verify_ct`` differs from its stored request-steps is a
 
 The deque is cleared right after a body arrives, before it is decoded, so the
 records lost to a clear are only those the server made during one round trip.
-Polls are bounded by ``poll_timeout``; a stop (SIGTERM) ends the run within
+Polling lives in ``collectors.sglang.polling``. Polls are bounded by ``poll_timeout``; a stop (SIGTERM) ends the run within
 about ``flush_interval`` plus ``poll_timeout`` whatever the server does.
 A new run starts after the records the server already holds (unless
 ``include_held``); an existing run is refused unless ``resume``
@@ -40,22 +40,17 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Optional
 
 import httpx
-import msgspec
 import pyarrow as pa
 
 from collectors.sglang import losses, runlife, validate
 from collectors.sglang.cursor import ForwardCursor, Gap, RankCursor
-from collectors.sglang.decode import (PayloadError, decode_server_info, lists_skipped, records_to_tables_safe,
-                                      server_args)
+from collectors.sglang.polling import DEBUG_DUMP_HINT, PollingMixin
+from collectors.sglang.decode import PayloadError, decode_server_info, server_args
 from collectors.sglang.driver import DriveSpec, PlannedRequest, drive
 from collectors.sglang.metrics import SidecarMetrics
 from collectors.sglang.writer import BufferedWriter
 from dspark_obs import schema
 
-DEBUG_DUMP_HINT = (
-    "launch SGLang with SGLANG_DSPARK_DEBUG_DUMP=core,step_cpu_time,step_gpu_time,draft_gpu_time,"
-    "target_verify_gpu_time,reqs (or all) and --speculative-algorithm DSPARK"
-)
 # Sources whose payloads may carry prompt or output text (dropped under --redact-text).
 _TEXT_SOURCES = ("/generate", "/v1/", "request-log", "generate-file")
 
@@ -126,7 +121,7 @@ def _text(payload: bytes | str | None) -> Optional[str]:
     return payload[:65536].encode("utf-8", "replace").decode("utf-8")
 
 
-class Collector:
+class Collector(PollingMixin):
     def __init__(self, store, opts: CollectOptions,
                  progress: Callable[[str, int], None] = lambda kind, n: None,
                  metrics: Optional[SidecarMetrics] = None) -> None:
@@ -270,199 +265,6 @@ class Collector:
         self.summary.polls += 1
         self.metrics.on_poll(0.0)
         await self._process(info)
-
-    def _resume_cursor(self, info) -> None:
-        """A resumed run goes on after what the store holds: its segment and high-water marks."""
-        point = self.resumed
-        self.cursor.segment = point.segment
-        if point.startup_time is not None:
-            self.cursor.startup_time = point.startup_time
-        for dp_rank, fct in point.high_water.items():
-            self.cursor.ranks[dp_rank] = RankCursor(high_water=fct)
-        self.accounting.stored.update(point.request_steps)
-
-    # -- polling -----------------------------------------------------------------
-
-    def _poll_failed(self, error: str, payload: Optional[bytes], *, timeout: bool) -> None:
-        self.summary.poll_errors += 1
-        self.metrics.poll_errors.inc()
-        if self.outage.failed(error, timeout=timeout):  # once per outage, not every poll
-            self._dead_letter("/server_info", error, payload)
-
-    def _close_outage(self) -> None:
-        fields = self.outage.close()
-        if fields is not None:
-            self._period_gap(fields.pop("reason"), **fields)
-
-    async def _get_server_info(self, client: httpx.AsyncClient, timeout: float, abandon_on_stop: bool):
-        """The GET, given up (None) when a stop arrives first: nothing was consumed yet."""
-        t0 = time.monotonic()
-        get = asyncio.ensure_future(client.get("/server_info", timeout=timeout))
-        if not abandon_on_stop:
-            return await get
-        stopped = asyncio.ensure_future(self._stop.wait())
-        try:
-            await asyncio.wait({get, stopped}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            stopped.cancel()
-        if not get.done():
-            get.cancel()
-            await asyncio.gather(get, return_exceptions=True)
-            waited = time.monotonic() - t0
-            if waited >= 1.0:  # the server was not answering when the stop came: that is a stall too
-                self._poll_failed(f"poll abandoned at stop after {waited:.1f} s without an answer", None,
-                                  timeout=True)
-            return None
-        return get.result()
-
-    async def poll_once(self, client: httpx.AsyncClient, *, timeout: Optional[float] = None,
-                        abandon_on_stop: bool = False) -> None:
-        """One poll, at most ``timeout`` (default ``poll_timeout``) s; never raises for anything the server sends.
-
-        A clear that is due (the last body held ``clear_at`` records or more, or
-        this one does by a byte count) is sent as soon as the body has arrived,
-        before it is decoded: what the server makes in between is lost to it.
-        """
-        t0 = time.monotonic()
-        timeout = self.opts.poll_timeout if timeout is None else timeout
-        try:
-            resp = await self._get_server_info(client, timeout, abandon_on_stop)
-            if resp is None:  # stopped while waiting on the server: the last poll reads what is left
-                return
-            resp.raise_for_status()
-            body = resp.content
-        except httpx.TimeoutException as exc:
-            self._poll_failed(f"poll timed out after {timeout:g} s: {type(exc).__name__}", None, timeout=True)
-            return
-        except (httpx.HTTPError, OSError) as exc:
-            self._poll_failed(f"poll failed: {type(exc).__name__}: {exc}", None, timeout=False)
-            return
-        cleared = False
-        if self.opts.clear_at and (self._clear_due or body.count(b'"forward_ct"') >= self.opts.clear_at):
-            cleared = await self._clear(client, timeout=timeout)
-        read_through = {dp: cur.high_water for dp, cur in self.cursor.ranks.items() if cur.high_water > 0}
-        recovered: list[tuple[str, bytes]] = []
-        try:
-            info = await asyncio.to_thread(decode_server_info, body, read_through)
-        except PayloadError as exc:
-            fixed, recovered = await asyncio.to_thread(validate.recover_body, body)
-            try:
-                if fixed is None:
-                    raise exc
-                info = await asyncio.to_thread(decode_server_info, fixed, read_through)
-                body = fixed
-            except PayloadError as exc2:
-                self._poll_failed(str(exc2), body, timeout=False)
-                return
-        if not info.has_dspark:
-            self._poll_failed("the body has no dspark_info_record: was the server restarted without "
-                              f"records? {DEBUG_DUMP_HINT}", body[:4096], timeout=False)
-            return
-        for reason, raw in recovered:
-            self._dead_letter_once(reason, raw)
-        self._close_outage()
-        self.summary.polls += 1
-        self.metrics.on_poll(time.monotonic() - t0)
-        await self._process(info, body)
-        if cleared:
-            self.cursor.note_cleared()
-        held = max((len(r.records) + len(r.dead) for r in info.ranks), default=0)
-        self._clear_due = bool(self.opts.clear_at) and not cleared and held >= self.opts.clear_at
-
-    async def _process(self, info, body: Optional[bytes] = None) -> None:
-        """Advance the cursor over one decoded body and queue its new rows, gaps and dead letters."""
-        for rank in info.ranks:  # duplicates, out-of-order and absurd forward_cts never reach the cursor
-            for reason, raw in validate.order_records(rank):
-                self._dead_letter_once(reason, raw)
-        delta = self.cursor.advance(info)
-        if delta.note:
-            self._dead_letter_once(delta.note, b"")
-        if body is not None and any(lists_skipped(r) for recs in delta.new.values() for r in recs):
-            # a restart made already-read forward_cts new again: read the body in full
-            info = await asyncio.to_thread(decode_server_info, body)
-            by_rank = {rank.dp_rank: rank for rank in info.ranks}
-            for dp_rank, recs in delta.new.items():
-                wanted = {r.forward_ct for r in recs}
-                delta.new[dp_rank] = [r for r in by_rank[dp_rank].records if r.forward_ct in wanted]
-        for rank in info.ranks:
-            for reason, raw in rank.dead:
-                self._dead_letter_once(reason, raw)
-        for gap in delta.gaps:
-            self._gap(gap)
-        raws = {rank.dp_rank: rank for rank in info.ranks}
-        for dp_rank, records in delta.new.items():
-            rank = raws[dp_rank]
-            offset = len(rank.records) - len(records)  # fresh records are the deque's tail
-            steps, reqs, dead = await asyncio.to_thread(
-                records_to_tables_safe, records, rank.raws[offset:] if rank.raws else None,
-                dp_rank=dp_rank, segment=self.cursor.segment)
-            for reason, raw in dead:
-                self._dead_letter_once(reason, raw)
-            steps, reqs, bad = validate.check_tables(steps, reqs, gamma=self.summary.gamma, mode=self._payload_mode)
-            if bad:
-                by_fct = {r.forward_ct: r for r in records}
-                for fct, reasons in sorted(bad.items()):
-                    rec = by_fct.get(fct)
-                    raw = msgspec.json.encode(rec) if rec is not None else b""
-                    self._dead_letter_once(f"dp_rank {dp_rank}: forward_ct {fct} is not a possible record for "
-                                           f"gamma {self.summary.gamma}, mode {self._payload_mode or '?'}: "
-                                           + "; ".join(reasons), raw)
-            if self.writer.add_group([("steps", steps), ("step_reqs", reqs)]):
-                self.accounting.add_steps(reqs.column("rid").to_pylist())
-                self.metrics.rows.labels("steps").inc(steps.num_rows)
-                self.metrics.rows.labels("step_reqs").inc(reqs.num_rows)
-                self.summary.steps += steps.num_rows
-                self.summary.step_reqs += reqs.num_rows
-                self.metrics.on_step_reqs(reqs)
-                self.progress("steps", steps.num_rows)
-            elif steps.num_rows:
-                self.metrics.rows_dropped.labels("steps").inc(steps.num_rows)
-                self.metrics.rows_dropped.labels("step_reqs").inc(reqs.num_rows)
-                fcts = steps.column("forward_ct")
-                self._gap(Gap(dp_rank, fcts[0].as_py(), fcts[-1].as_py(), "write_backlog", self.cursor.segment),
-                          table_name="steps", rows_lost=steps.num_rows,
-                          detail=f"{steps.num_rows} steps and {reqs.num_rows} step_reqs rows refused: the write "
-                                 "backlog was full (--max-buffer-mb)")
-        for rank in info.ranks:
-            cur = self.cursor.ranks.get(rank.dp_rank)
-            self.metrics.on_rank(rank.dp_rank, len(rank.records) + len(rank.dead), cur.high_water if cur else 0)
-
-    def _report_trailing_clears(self) -> None:
-        """A clear with no record after it may have dropped the server's pending step.
-
-        A loss is normally seen when the next record arrives; a clear that was the
-        last thing before the run ended has no next record, so say so: a ``clear``
-        gap from the high-water mark with an unknown end (-1).
-        """
-        for dp_rank, cur in sorted(self.cursor.ranks.items()):
-            if cur.cleared and cur.high_water > 0:
-                self._gap(Gap(dp_rank, cur.high_water + 1, -1, "clear", self.cursor.segment))
-                cur.cleared = False
-
-    async def _clear(self, client: httpx.AsyncClient, *, timeout: Optional[float] = None) -> bool:
-        """Ask the server to clear its deque; True when it did (the caller tells the cursor after decoding)."""
-        try:
-            resp = await client.post("/set_internal_state", timeout=timeout or self.opts.poll_timeout,
-                                     json={"server_args": {"dspark_clear_info_records": True}})
-            resp.raise_for_status()
-            body = resp.json()
-            if isinstance(body, dict) and body.get("updated"):
-                self.summary.clears += 1
-                return True
-        except (httpx.HTTPError, OSError, ValueError) as exc:
-            self._dead_letter("/set_internal_state", f"clear failed: {type(exc).__name__}: {exc}", None)
-        return False
-
-    async def _poll_loop(self, client: httpx.AsyncClient) -> None:
-        while not self._stop.is_set():
-            try:
-                await self.poll_once(client, abandon_on_stop=True)
-            except Exception as exc:  # a bug of ours must not end collection silently either
-                self._dead_letter("collector", f"poll raised {type(exc).__name__}: {exc}", None)
-            try:
-                await asyncio.wait_for(self._stop.wait(), timeout=self.opts.poll_interval)
-            except asyncio.TimeoutError:
-                pass
 
     # -- traffic -----------------------------------------------------------------
 
