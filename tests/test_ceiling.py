@@ -316,10 +316,15 @@ def test_summary_means_ratio_and_seeded_bootstrap():
 def test_validation_groups_and_coverage():
     rows = validate(np.array([1, 2, 0.0]), np.array([1.5, 2, 0.0]), np.array([2, 3, 0.0]), np.array([2, 4, 0.0]),
                     censored=np.array([True, True, False]), category=np.array(["x", "y", "z"], dtype=object),
-                    workload=np.array(["w", "w", "w"], dtype=object), greedy=np.array([False, False, True]),
+                    workload=np.array(["w", "w", "w"], dtype=object), greedy=np.array([True, False, True]),
                     emu_expected=np.array([1.8, 2.9, 0.0]))
     overall = next(r for r in rows if r["group_kind"] == "overall")
-    assert overall["n"] == 2 and overall["coverage"] == 0.5 and overall["bias"] == pytest.approx(-1.25)
+    # bias over both censored steps; MAE and coverage over the greedy one only (the sampled step's
+    # realisation, 4 outside [2, 3], is one draw, not the estimate's target)
+    assert overall["n"] == 2 and overall["bias"] == pytest.approx(-1.25)
+    assert overall["coverage_n"] == 1 and overall["coverage"] == 1.0 and overall["mae"] == pytest.approx(0.5)
+    sampled = next(r for r in rows if r["group_kind"] == "sampling" and r["group"] == "temperature")
+    assert sampled["coverage_n"] == 0 and sampled.get("coverage") is None and sampled["mean_truth"] == 4.0
     assert overall["emu_coverage"] == 1.0 and overall["emu_n"] == 2
     assert {r["group"] for r in rows if r["group_kind"] == "bin"} == {"0", "1"}
     assert next(r for r in rows if r["group_kind"] == "all_steps")["n"] == 3

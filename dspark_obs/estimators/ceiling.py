@@ -140,15 +140,19 @@ CEILING_VALIDATION = pa.schema([
     _f("group", _str, "group value ('*' for all; bin index for bins)", False),
     _f("bin", _i16, "equal-count bin of mid, 0 = lowest (bins only)"),
     _f("n", _i64, "steps with a truth", False),
+    _f("coverage_n", _i64, "greedy steps with a truth: the steps behind mae and coverage"),
     _f("mean_lo", _f64, "mean lo (drafts)"),
     _f("mean_mid", _f64, "mean mid (drafts)"),
     _f("mean_hi", _f64, "mean hi (drafts)"),
     _f("mean_truth", _f64, "mean realised full-block accepted drafts"),
-    _f("bias", _f64, "mean (mid - truth)"),
-    _f("mae", _f64, "mean |mid - truth|"),
-    _f("coverage", _f64, "share of steps with lo <= truth <= hi"),
+    _f("bias", _f64, "mean (mid - truth): every step with a truth"),
+    _f("mae", _f64, "mean |mid - truth| over greedy steps (a sampled step's realisation is one draw; judge "
+                    "it by bias, bins of mid and emu_*)"),
+    _f("coverage", _f64, "share of greedy steps with lo <= truth <= hi (sampled steps: see emu_coverage and "
+                         "the bins' mean_lo <= mean_truth <= mean_hi)"),
     _f("emu_n", _i64, "steps with the emulator's expectation"),
-    _f("mean_emu_expected", _f64, "mean emu_expected_given_window"),
+    _f("mean_emu_expected", _f64, "mean emu_expected_given_window (E[full | window accepted], the per-step "
+                                  "target under sampling)"),
     _f("emu_bias", _f64, "mean (mid - emu_expected_given_window)"),
     _f("emu_mae", _f64, "mean |mid - emu_expected_given_window|"),
     _f("emu_coverage", _f64, "share of steps with lo <= emu_expected_given_window <= hi"),

@@ -464,7 +464,7 @@ def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, ga
             "emu": emu[base].astype(np.float32), "category": est.walk.category[base],
             "workload": workload[base], "greedy": x.greedy[base]}
     return _ChunkResult(ceiling, workload, {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
-                        ceiling_stats._stat_sums(est.lo, est.mid, est.hi, truth, emu, known), kept, source)
+                        ceiling_stats.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), kept, source)
 
 
 class _Staged:

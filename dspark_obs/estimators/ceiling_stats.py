@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 __all__ = ["summarize", "summarize_totals", "request_totals", "concat_totals", "RequestTotals", "validate",
-           "validate_parts", "add_stat_sums", "equal_count_bins", "N_BINS"]
+           "validate_parts", "stat_sums", "add_stat_sums", "equal_count_bins", "N_BINS"]
 
 N_BINS = 8
 ALL = "*"
@@ -191,17 +191,27 @@ def equal_count_bins(values: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
     return out
 
 
-def _stat_sums(lo, mid, hi, truth, emu, mask) -> dict:
-    """The sums behind :func:`_stats` over ``mask``: they add up across chunks of steps."""
+def stat_sums(lo, mid, hi, truth, emu, mask, per_step) -> dict:
+    """The sums behind :func:`_stats` over ``mask``: they add up across chunks of steps.
+
+    ``per_step`` marks the steps whose realised truth is what the estimate
+    targets step by step (greedy: the realisation is the expectation); MAE and
+    coverage against the truth are over those only.  A sampled step's
+    realisation is one draw of a random acceptance: it is judged through the
+    means (bias, bins) and, in the emulator, against its expectation (``emu``).
+    """
     has_t = mask & ~np.isnan(truth)
     has_e = mask & ~np.isnan(emu)
     out: dict = {"n": int(has_t.sum()), "emu_n": int(has_e.sum())}
+    exact = has_t & np.asarray(per_step, dtype=bool)
+    out["coverage_n"] = int(exact.sum())
     for col, arr in (("lo", lo), ("mid", mid), ("hi", hi)):
         out[col] = arr[has_t].sum()
         out[f"emu_{col}"] = arr[has_e].sum()
     t, e = truth[has_t], emu[has_e]
-    out.update(truth=t.sum(), bias=(mid[has_t] - t).sum(), mae=np.abs(mid[has_t] - t).sum(),
-               coverage=int(((lo[has_t] <= t + 1e-9) & (t <= hi[has_t] + 1e-9)).sum()),
+    x = truth[exact]
+    out.update(truth=t.sum(), bias=(mid[has_t] - t).sum(), mae=np.abs(mid[exact] - x).sum(),
+               coverage=int(((lo[exact] <= x + 1e-9) & (x <= hi[exact] + 1e-9)).sum()),
                emu=e.sum(), emu_bias=(mid[has_e] - e).sum(), emu_mae=np.abs(mid[has_e] - e).sum(),
                emu_coverage=int(((lo[has_e] <= e + 1e-6) & (e <= hi[has_e] + 1e-6)).sum()))
     return out
@@ -213,22 +223,25 @@ def add_stat_sums(a: dict | None, b: dict) -> dict:
 
 
 def _from_sums(s: dict) -> dict:
-    """:func:`_stats` from :func:`_stat_sums` (the same numbers for one set of steps)."""
+    """:func:`_stats` from :func:`stat_sums` (the same numbers for one set of steps)."""
     n, ne = s["n"], s["emu_n"]
     row: dict = {"n": n, "emu_n": ne}
     for col in ("lo", "mid", "hi"):
         row[f"mean_{col}"] = float(s[col] / n) if n else (float(s[f"emu_{col}"] / ne) if ne else None)
+    nc = s["coverage_n"]
+    row["coverage_n"] = nc
     if n:
-        row.update(mean_truth=float(s["truth"] / n), bias=float(s["bias"] / n), mae=float(s["mae"] / n),
-                   coverage=float(np.float64(s["coverage"]) / n))
+        row.update(mean_truth=float(s["truth"] / n), bias=float(s["bias"] / n))
+    if nc:
+        row.update(mae=float(s["mae"] / nc), coverage=float(np.float64(s["coverage"]) / nc))
     if ne:
         row.update(mean_emu_expected=float(s["emu"] / ne), emu_bias=float(s["emu_bias"] / ne),
                    emu_mae=float(s["emu_mae"] / ne), emu_coverage=float(np.float64(s["emu_coverage"]) / ne))
     return row
 
 
-def _stats(lo, mid, hi, truth, emu, mask) -> dict:
-    return _from_sums(_stat_sums(lo, mid, hi, truth, emu, mask))
+def _stats(lo, mid, hi, truth, emu, mask, per_step) -> dict:
+    return _from_sums(stat_sums(lo, mid, hi, truth, emu, mask, per_step))
 
 
 def validate(
@@ -244,9 +257,10 @@ def validate(
     emu_expected: np.ndarray | None = None,
     n_bins: int = N_BINS,
 ) -> list[dict]:
-    """Bias and MAE of ``mid`` against ``truth``, coverage of ``[lo, hi]``, per group.
+    """Bias of ``mid`` against ``truth`` and, on greedy steps, MAE and coverage of ``[lo, hi]``, per group.
 
-    ``truth`` is the realised full-block acceptance (NaN where unknown);
+    ``truth`` is the realised full-block acceptance (NaN where unknown); it is
+    the per-step target only of greedy steps (see :func:`stat_sums`);
     ``emu_expected`` the emulator's expectation given the drafts (NaN / None on
     real servers), the per-step target of the estimate under sampling.  Groups
     (``group_kind``): ``all_steps`` (every step), and over censored steps:
@@ -261,31 +275,33 @@ def validate(
     emu = np.where(censored, emu, np.nan)  # the expectation is the target only where the ceiling was hidden
     known = ~np.isnan(truth) | ~np.isnan(emu)
     base = censored & known
-    return validate_parts(_stat_sums(lo, mid, hi, truth, emu, known), lo[base], mid[base], hi[base], truth[base],
+    greedy = np.asarray(greedy, dtype=bool)
+    return validate_parts(stat_sums(lo, mid, hi, truth, emu, known, greedy), lo[base], mid[base], hi[base], truth[base],
                           emu[base], category=np.asarray(category, dtype=object)[base],
                           workload=np.asarray(workload, dtype=object)[base],
-                          greedy=np.asarray(greedy, dtype=bool)[base], n_bins=n_bins)
+                          greedy=greedy[base], n_bins=n_bins)
 
 
 def validate_parts(all_steps: dict, lo, mid, hi, truth, emu, *, category, workload, greedy,
                    n_bins: int = N_BINS) -> list[dict]:
-    """:func:`validate` from the sums over every step with a truth (:func:`_stat_sums`, added
+    """:func:`validate` from the sums over every step with a truth (:func:`stat_sums`, added
     over chunks) and the censored steps with a truth or an expectation, in run order."""
     if not (all_steps["n"] or all_steps["emu_n"]):
         return []
     lo, mid, hi, truth, emu = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi, truth, emu))
+    greedy = np.asarray(greedy, dtype=bool)
     every = np.ones(lo.size, dtype=bool)
     rows = [{"group_kind": "all_steps", "group": ALL, **_from_sums(all_steps)},
-            {"group_kind": "overall", "group": ALL, **_stats(lo, mid, hi, truth, emu, every)}]
-    sampling = np.where(np.asarray(greedy, dtype=bool), "greedy", "temperature")
+            {"group_kind": "overall", "group": ALL, **_stats(lo, mid, hi, truth, emu, every, greedy)}]
+    sampling = np.where(greedy, "greedy", "temperature")
     for kind, labels in (("sampling", sampling), ("category", np.asarray(category, dtype=object)),
                          ("workload", np.asarray(workload, dtype=object))):
         for name, mask in _groups(labels)[1:]:
             if mask.any():
-                rows.append({"group_kind": kind, "group": name, **_stats(lo, mid, hi, truth, emu, mask)})
+                rows.append({"group_kind": kind, "group": name, **_stats(lo, mid, hi, truth, emu, mask, greedy)})
     if lo.size:
         bins = equal_count_bins(mid, n_bins)
         for b in range(int(bins.max()) + 1):
             rows.append({"group_kind": "bin", "group": str(b), "bin": b,
-                         **_stats(lo, mid, hi, truth, emu, bins == b)})
+                         **_stats(lo, mid, hi, truth, emu, bins == b, greedy)})
     return rows

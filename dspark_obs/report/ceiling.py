@@ -120,9 +120,10 @@ def _validation_figures(run_id: str, rows: pd.DataFrame) -> list[Figure]:
     figures = []
     for row in rows[rows["group_kind"].isin(["overall", "workload"])].to_dict("records"):
         workload = "*" if row["group_kind"] == "overall" else str(row["group"])
-        n = int(row["n"])
+        n_cov = _f(row.get("coverage_n"))   # coverage is over greedy steps (a sampled realisation is one draw)
+        n = int(n_cov) if n_cov is not None else int(row["n"])
         detail = {"truth_source": row["truth_source"], "companion_run": row["companion_run"],
-                  "method": row["method"], "mae": _f(row["mae"]), "steps": "censored"}
+                  "method": row["method"], "mae": _f(row["mae"]), "steps": "censored, greedy"}
         coverage = _f(row["coverage"])
         lo, hi = wilson_interval(coverage * n, n) if coverage is not None and n else (None, None)
         figures.append(Figure("estimator_coverage", run_id, coverage, workload=workload, ci_low=_f(lo),
@@ -146,11 +147,12 @@ def coverage_drift(figures: list[Figure], baseline_validation: pd.DataFrame, bas
         rows = baseline_validation[baseline_validation["run_id"].isin(base_ids)
                                    & (baseline_validation["group_kind"] == kind)
                                    & (baseline_validation["group"] == group)]
-        n_b = float(rows["n"].sum()) if not rows.empty else 0.0
+        counts = rows["coverage_n"] if "coverage_n" in rows else rows["n"]
+        n_b = float(counts.fillna(0).sum()) if not rows.empty else 0.0
         if n_b == 0:
             fig.drift.verdict, fig.drift.note = "no_baseline", "the baseline has no truth to validate against"
             continue
-        x_b = float((rows["coverage"] * rows["n"]).sum())
+        x_b = float((rows["coverage"].fillna(0) * counts.fillna(0)).sum())
         p_b, p = x_b / n_b, fig.value
         se = math.sqrt(max(p * (1 - p), 0.0) / fig.n) if fig.n else None
         se_b = math.sqrt(max(p_b * (1 - p_b), 0.0) / n_b)
