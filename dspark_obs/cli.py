@@ -166,7 +166,8 @@ def collect(
     max_buffer_mb: float = typer.Option(256.0, help="Write backlog bound in MiB; beyond it batches are dropped, counted and recorded as write_backlog gaps (the poll loop never waits on disk)."),
     duration: Optional[float] = typer.Option(None, help="Without --workload: stop after this many seconds (default: until Ctrl-C, or until a launched server exits)."),
     label: list[str] = typer.Option([], help="KEY=VALUE label stored on the run; repeatable."),
-    redact_text: bool = typer.Option(False, help="Store no prompt or output text (requests and dead letters)."),
+    redact_text: bool = typer.Option(False, help="Store no prompt or output text (requests and dead letters), and no tokens table: output token ids, their logprobs and top-k spell the text (unless --keep-token-ids)."),
+    keep_token_ids: bool = typer.Option(False, help="With --redact-text: still store the tokens table (output token ids, logprobs, top-k)."),
     metrics_port: Optional[int] = typer.Option(None, help="Serve the sidecar's own Prometheus metrics (dspark_obs:*) on this port (0 picks one)."),
     metrics_host: str = typer.Option("127.0.0.1", help="Address for --metrics-port; keep loopback unless you mean it."),
     writer_id: Optional[str] = typer.Option(None, help="Object-store output: id in every file name so sidecars write side by side (default HOST.PID)."),
@@ -237,7 +238,8 @@ def collect(
                           poll_interval=poll_interval, clear_at=clear_at, flush_interval=flush_interval,
                           duration=duration, drive=drive, labels=_parse_labels(label),
                           max_buffer_bytes=int(max_buffer_mb * (1 << 20)), redact_text=redact_text,
-                          resume=resume, include_held=include_held, poll_timeout=poll_timeout)
+                          resume=resume, include_held=include_held, poll_timeout=poll_timeout,
+                          keep_token_ids=keep_token_ids)
     launch = None
     if server_command:
         from collectors.sglang.launcher import LaunchSpec

@@ -170,6 +170,7 @@ def test_kill_9_then_resume_stores_every_record_once_and_keeps_the_crash(tmp_pat
     labels = dict(run["labels"])
     assert run["started_at"] == started and run["end_reason"] == "completed"
     assert labels["resume_1_previous_end"].startswith("crashed")
+    assert not list(tmp_path.glob("*/run_id=k/.part-*.tmp"))  # what the kill left half-written is gone
     steps = store.read("steps", "k")
     keys = list(zip(steps.column("dp_rank").to_pylist(), steps.column("forward_ct").to_pylist()))
     assert len(keys) == len(set(keys))  # no record stored twice

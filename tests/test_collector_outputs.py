@@ -88,6 +88,10 @@ def test_redact_text_stores_no_text(tmp_path, emulator):
     req = store.read("requests", "r").to_pylist()
     assert req and all(r["prompt_text"] is None and r["output_text"] is None for r in req)
     assert dict(store.read("runs", "r").to_pylist()[0]["labels"])["redact_text"] == "true"
+    assert store.read("tokens", "r").num_rows == 0  # output token ids and top-k spell the text too
+    collect(store, CollectOptions(url=srv.url, run_id="k", flush_interval=0.2, redact_text=True, keep_token_ids=True,
+                                  drive=DriveSpec(["poetry"], 2, concurrency=2, max_new_tokens=20, redact_text=True)))
+    assert store.read("tokens", "k").num_rows > 0
 
 
 # -- object store --------------------------------------------------------------

@@ -160,3 +160,32 @@ def test_estimator_rows_are_accepted_or_rejected_never_crash(value):
         estimator_row(value, 1)
     except ValueError:
         pass
+
+
+def test_ingest_of_an_empty_file_exits_1_and_creates_no_run(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_obs.cli import app
+
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    result = CliRunner().invoke(app, ["ingest", "--out", str(tmp_path / "d"), "--run-id", "e",
+                                      "--server-info", str(empty)])
+    assert result.exit_code == 1
+    assert "e" not in Store(tmp_path / "d").runs()
+
+
+def test_ingest_of_only_bad_lines_exits_1_and_closes_the_run_as_an_error(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_obs.cli import app
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("not json\n{\"neither\": 1}\n")
+    result = CliRunner().invoke(app, ["ingest", "--out", str(tmp_path / "d"), "--run-id", "b",
+                                      "--generate", str(bad)])
+    assert result.exit_code == 1
+    store = Store(tmp_path / "d")
+    run = store.read("runs", "b").to_pylist()[0]
+    assert run["end_reason"].startswith("error: nothing usable imported")
+    assert store.read("dead_letters", "b").num_rows == 2

@@ -29,7 +29,8 @@ import pyarrow.compute as pc
 
 from dspark_obs.store import _name_time
 
-__all__ = ["RunExists", "ResumePoint", "existing_run", "check_new_run", "resume_point", "mark_crashed"]
+__all__ = ["RunExists", "ResumePoint", "existing_run", "check_new_run", "resume_point", "mark_crashed",
+           "remove_stale_tmp"]
 
 
 class RunExists(RuntimeError):
@@ -121,3 +122,24 @@ def resume_point(store, run_id: str, row: dict[str, Any]) -> ResumePoint:
     labels[f"resume_{n}_previous_end"] = str(row.get("end_reason") or "unknown")[:500]
     point.labels = labels
     return point
+
+
+def remove_stale_tmp(store, run_id: str) -> int:
+    """Delete the hidden ``.part-*.tmp`` files a killed collector left in this run's partitions.
+
+    Safe only because the run is being resumed: no other collector writes it
+    (an existing run is refused without ``--resume``).  Readers ignore these
+    files anyway; this keeps the store tidy.  Local stores only (an object
+    store never shows a partial object).
+    """
+    root = getattr(store, "root", None)
+    if root is None or not hasattr(store, "_part_files"):
+        return 0
+    removed = 0
+    for tmp in root.glob(f"*/run_id={run_id}/.part-*.tmp"):
+        try:
+            tmp.unlink()
+            removed += 1
+        except OSError:
+            pass
+    return removed

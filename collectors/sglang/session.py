@@ -81,6 +81,7 @@ class CollectOptions:
     poll_timeout: float = 10.0  # one /server_info poll (or clear) at most this long; then a poll_stall
     resume: bool = False  # continue an existing run (else it is refused)
     include_held: bool = False  # also store the records the server held before the run started
+    keep_token_ids: bool = False  # with redact_text: still store the tokens table (ids, logprobs, top-k)
 
 
 @dataclass
@@ -270,10 +271,11 @@ class Collector(PollingMixin):
 
     def _on_result(self, row: dict[str, Any], tokens: pa.Table) -> None:
         self._add("requests", pa.Table.from_pylist([row], schema=schema.schema_for("requests")))
-        self._add("tokens", tokens)
+        if not self.opts.redact_text or self.opts.keep_token_ids:  # token ids spell the output text
+            self._add("tokens", tokens)
         self.accounting.finished(row["rid"], row.get("spec_verify_ct"))
         self.summary.requests += 1
-        self.summary.tokens += tokens.num_rows
+        self.summary.tokens += tokens.num_rows if not self.opts.redact_text or self.opts.keep_token_ids else 0
         self.progress("requests", 1)
 
     def _on_request_error(self, req: PlannedRequest, message: str) -> None:
@@ -299,6 +301,7 @@ class Collector(PollingMixin):
             raise CollectError(str(exc)) from None
         if row is not None:
             self.resumed = runlife.resume_point(self.store, self.opts.run_id, row)
+            runlife.remove_stale_tmp(self.store, self.opts.run_id)
         drive_spec = self.opts.drive
         if drive_spec is not None and self.opts.planned is None and drive_spec.rid_scope is None:
             attempt = sum(1 for k in (self.resumed.labels if self.resumed else {}) if k.endswith("_previous_end"))

@@ -12,11 +12,10 @@ def register(app: typer.Typer) -> None:
     app.command()(ingest)
 
 
-def _fail(message: str) -> None:
-    from dspark_obs.cli import console
+def _fail(message: str, code: int = 2) -> None:
+    from dspark_obs.console import fail
 
-    console.print(f"[red]error:[/red] {message}")
-    raise typer.Exit(2)
+    fail(message, code)
 
 
 def ingest(
@@ -103,7 +102,15 @@ def ingest(
     seen = set().union(*(r.rids for r in results)) - have
     if seen:
         store.write("requests", run_id, [{"rid": rid, "workload": resolver(rid)} for rid in sorted(seen)])
+    total_rows = sum(r.total_rows for r in results)
     run_fields = {"ended_at": now(), "end_reason": "completed"}
+    if not total_rows:  # an empty or all-bad input is an error, not an empty run that looks fine
+        total_dead = sum(r.dead_letters for r in results)
+        if not total_dead and isinstance(store, Store):
+            for table in schema.TABLES:
+                store.drop_run(table, run_id)
+            _fail(f"nothing to import: the files hold no lines; no run {run_id!r} was created", code=1)
+        run_fields["end_reason"] = f"error: nothing usable imported ({total_dead} lines dead-lettered)"
     info = next((r.meta for r in results if r.meta.get("args")), None)
     if info:
         run_fields.update(mode=info["mode"], gamma=info["gamma"], dp_size=info["dp_size"],
@@ -118,3 +125,7 @@ def ingest(
     total_dead = sum(r.dead_letters for r in results)
     console.print(f"run [bold]{run_id}[/bold]: {sum(r.total_rows for r in results)} rows imported, "
                   f"{total_dead} dead letters -> {out}")
+    if not total_rows:
+        _fail(f"no usable line in the input: all {total_dead} went to dead_letters of run {run_id!r} "
+              f"(see `dspark-obs sql --data {out} \"select reason from dead_letters where run_id = '{run_id}'\"`)",
+              code=1)
