@@ -178,6 +178,12 @@ def test_a_stuck_disk_drops_counted_rows_and_never_stalls_polling(tmp_path, emul
     produced = _decode_fcts(srv.emulator.engine)
     assert backlog and not got & {(r, f) for r, f in produced if _inside(backlog, r, f)}
     assert {(r, f) for r, f in produced if _inside(gaps, r, f)} | got == produced   # every record: stored or in a gap
+    # every dropped row of every table is counted in the store, per table
+    counted = {}
+    for g in gaps:
+        if g["reason"] == "write_backlog":
+            counted[g["table_name"]] = counted.get(g["table_name"], 0) + g["rows_lost"]
+    assert sum(counted.values()) == summary.rows_dropped and counted.get("step_reqs", 0) > 0
 
 
 # -- fuzzed payloads ----------------------------------------------------------------

@@ -317,7 +317,9 @@ class Collector(PollingMixin):
             for fields in self.accounting.mismatches(reasons):
                 self.summary.requests_missing_steps += 1
                 self._period_gap(fields.pop("reason"), **fields)
-        for fields in losses.dropped_rows(dict(self.writer.dropped), {}):
+        # steps refused by the backlog already have their forward_ct-range rows (table_name steps)
+        others = {t: n for t, n in self.writer.dropped.items() if t != "steps"}
+        for fields in losses.dropped_rows(others, {}):
             self._period_gap(fields.pop("reason"), **fields)
 
     # -- the run -----------------------------------------------------------------
