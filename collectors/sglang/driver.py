@@ -12,7 +12,9 @@ same request can later be replayed token for token (companion runs).
 it to the run id) the rid is ``<workload>-<i:06d>@<run_id>``, so two driven
 runs on one server never share a rid and a request's steps are joined by
 (run, rid) only — before, run ``second`` re-used ``gsm8k-000000`` and its
-steps merged with the first run's.
+steps merged with the first run's.  A cap-accept companion collected with the
+same spec (``CollectOptions.companion_of``) takes its compact run's scope, so
+its rids equal the ones it replays.
 
 **Connection errors are retried** with bounded exponential backoff
 (``retries`` attempts after the first, ``retry_backoff_s`` doubling up to
