@@ -90,3 +90,34 @@ def test_doctor_lists_unclosed_runs_and_leftover_tmp(tmp_path):
     assert result.exit_code == 1
     text = " ".join(result.stdout.split())
     assert "unclosed run: open" in text and "leftover temporary file" in text
+
+
+def test_every_command_still_runs_on_a_store_with_a_truncated_file(tmp_path, emulator):
+    """A real run, one of its step_reqs files cut short: sql, estimate, calibrate and doctor still run."""
+    from collectors.sglang.driver import DriveSpec
+    from collectors.sglang.session import CollectOptions, collect
+
+    srv = emulator(mode="compact", seed=41)
+    root = tmp_path / "data"
+    store = Store(root)
+    for part in range(2):  # two flushes' worth of files, so one can be damaged and the rest remain
+        collect(store, CollectOptions(url=srv.url, run_id=f"r{part}", poll_interval=0.05, flush_interval=0.1,
+                                      drive=DriveSpec(["gsm8k", "poetry"], 4, concurrency=2, max_new_tokens=40,
+                                                      temperature=0.7)))
+    victim = sorted((root / "step_reqs" / "run_id=r0").glob("part-*.parquet"))[0]
+    victim.write_bytes(victim.read_bytes()[:100])
+    commands = [
+        ["sql", "--data", str(root), "select count(*) from runs"],
+        ["estimate", "--data", str(root), "--run", "r1", "--bootstrap", "20"],
+        ["calibrate", "--data", str(root), "--run", "r1", "--bootstrap", "20"],
+    ]
+    for args in commands:
+        result = runner.invoke(app, args)
+        assert result.exit_code == 0, (args[0], result.output[-2000:], result.exception)
+    # the damaged run lost its only step_reqs file: a clean error naming what is left, not a traceback
+    result = runner.invoke(app, ["estimate", "--data", str(root), "--run", "r0", "--bootstrap", "20"])
+    assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
+    assert "runs with steps: r1" in " ".join(result.output.split())
+    result = runner.invoke(app, ["doctor", "--data", str(root)])
+    assert result.exit_code == 1 and victim.name in result.stdout
+    assert not victim.exists()
