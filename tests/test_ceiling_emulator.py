@@ -51,7 +51,7 @@ def _joined(store: Store, run: str, method: str = "default"):
     con = sql.connect(store.root)
     truth = con.sql("SELECT rid, dp_rank, forward_ct, emu_block_accept, emu_expected_given_window "
                     "FROM step_reqs WHERE run_id = $run", params={"run": run}).to_arrow_table()
-    joined = result.ceiling.join(truth, ["rid", "dp_rank", "forward_ct"]).to_pydict()
+    joined = result.ceiling.drop_columns(["survival_mid"]).join(truth, ["rid", "dp_rank", "forward_ct"]).to_pydict()
     cols = {k: np.asarray(v) for k, v in joined.items()}
     return result, cols
 

@@ -22,10 +22,13 @@ Where the truth comes from (``labels``):
     positives are missing (the head looks more over-confident than it is).
 ``reconstructed``
     The block-accept estimator's ceiling (table ``ceiling``, written by
-    ``dspark-obs estimate``).  The label is ``clip(mid - (k - 1), 0, 1)``: 0/1
-    wherever the estimate is an integer (uncensored steps; greedy censored
-    steps with ``lo == hi``), and a soft label otherwise, so that the labels of
-    a step sum to its estimated acceptance ``mid``.
+    ``dspark-obs estimate``).  The label at position ``k`` is the
+    estimated probability that a full verify accepts the first ``k`` drafts
+    (``ceiling.survival_mid``): 0/1 wherever the estimate is exact (uncensored
+    steps; greedy censored steps with ``lo == hi``), soft otherwise; the labels
+    of a step sum to its estimated acceptance ``mid``.  Older ceiling rows
+    without it fall back to ``clip(mid - (k - 1), 0, 1)``, which spreads
+    ``mid`` over the positions wrongly.
 ``companion``
     The paired cap-accept step of a companion run (same rid and anchor
     ``prefix_len``, same drafts; :mod:`dspark_obs.estimators.pairing`):
@@ -236,7 +239,7 @@ def events_query(con, run_id: str, *, labels: str = "observed",
                 f"no ceiling estimates for run {run_id!r}; run `dspark-obs estimate --data DATA --run "
                 f"{run_id}` first, or use --labels observed|companion")
         params["method"] = "default" if "default" in methods else methods[0]
-        extra, source = ", e.mid", "ceiling"
+        extra, source = ", e.mid, e.survival_mid", "ceiling"
         join = ("JOIN ceiling e ON e.run_id = s.run_id AND e.rid = s.rid AND e.forward_ct = s.forward_ct "
                 "AND e.prefix_len = s.prefix_len AND coalesce(e.method, '') = $method AND {chunk_e}")
     return (_STEPS_SQL.format(extra=extra, join=join, chunk="{chunk}", chunk_p="{chunk_p}", chunk_e="{chunk_e}"),
@@ -282,6 +285,9 @@ def _events(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int | N
     elif labels == "reconstructed":
         mid = _ceiling_accept(table, col["correct_drafts"], col["window"], gamma)
         y = block_events(mid, gamma=gamma)
+        if "survival_mid" in table.column_names:
+            per_position = _list_matrix(table.column("survival_mid"), gamma, "survival_mid")
+            y = np.where(np.isnan(per_position).any(axis=1, keepdims=True), y, np.clip(per_position, 0.0, 1.0))
         counts["fractional"] = int(np.sum(mid != np.round(mid)))
     elif mode in ("cap-accept", "static"):
         y = block_events(col["correct_drafts"] + col["cap_trim"], gamma=gamma)

@@ -67,7 +67,8 @@ from dspark_obs.estimators.ceiling_drafter import DrafterMap, fit_drafter_map
 from dspark_obs.estimators.ceiling_evidence import Evidence, draft_evidence, token_index
 from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
 from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model, training_mask
-from dspark_obs.estimators.ceiling_walk import CATEGORIES, Walk, ceiling_from_factors, sglang_interval, walk_blocks
+from dspark_obs.estimators.ceiling_walk import (CATEGORIES, Walk, ceiling_from_factors, position_survival,
+                                                sglang_interval, walk_blocks)
 
 __all__ = ["METHODS", "drafter_explains_better", "CeilingEstimate", "estimate_ceiling", "estimate_run", "CeilingRun",
            "Evidence", "token_index", "draft_evidence", "logprobs_from_sglang_jsonl",
@@ -110,6 +111,8 @@ CEILING = pa.schema([
     _f("mid", _f64, "estimate of the full-block accepted drafts (expectation under sampling)", False),
     _f("hi", _f64, "upper end of the full-block accepted drafts", False),
     _f("method", _str, "default | sglang"),
+    _f("survival_mid", pa.list_(_f32), "per position k: estimated probability that a full verify accepts the "
+                                        "first k drafts (sums to mid); the reconstructed calibration labels"),
 ])
 
 CEILING_SUMMARY = pa.schema([
@@ -172,6 +175,7 @@ class CeilingEstimate:
     mid: np.ndarray
     hi: np.ndarray
     model: AcceptanceModel | None = field(default=None, repr=False)
+    survival: np.ndarray | None = field(default=None, repr=False)   # [n, gamma] P(first k accepted), for mid
 
     @property
     def category(self) -> np.ndarray:
@@ -267,7 +271,8 @@ from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
         proxy = np.where(np.isnan(conf), model.base_rate[False], conf)
         a = np.where(g, eq, np.where(known, exact, proxy))
         lo, mid, hi = sglang_interval(walk, a)
-        return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model)
+        return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model,
+                               survival=position_survival(walk, a, tail=0.5))  # mid = halfway through the tail
     if drafter is None:
         drafter = fit_drafter_map(conf, p, evidence.topk_state, window, correct, ~greedy)
     if use_drafter is None:
@@ -288,7 +293,8 @@ from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
     lo = ceiling_from_factors(walk, a_lo, tail=TAIL_LO)
     hi = ceiling_from_factors(walk, a_hi, tail=TAIL_HI)
     mid = ceiling_from_factors(walk, a_mid, tail=prior)
-    return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model)
+    return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model,
+                           survival=position_survival(walk, a_mid, tail=prior))
 
 
 def drafter_explains_better(drafter: DrafterMap, model: AcceptanceModel, conf, p, evidence: Evidence,

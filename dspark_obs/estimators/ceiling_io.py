@@ -253,6 +253,8 @@ def _ceiling_table(steps: pa.Table, est, x: "_Inputs", method: str) -> pa.Table:
         "walked": pa.array(est.walk.n_walked.astype(np.int16)),
         "lo": pa.array(est.lo), "mid": pa.array(est.mid), "hi": pa.array(est.hi),
         "method": pa.array([method] * n, pa.string()),
+        "survival_mid": pa.FixedSizeListArray.from_arrays(
+            pa.array(est.survival.astype(np.float32).reshape(-1)), est.survival.shape[1]).cast(pa.list_(pa.float32())),
     })
 
 

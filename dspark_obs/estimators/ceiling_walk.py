@@ -43,7 +43,7 @@ import numpy as np
 
 __all__ = [
     "CATEGORIES", "EXACT_IN_WINDOW", "RESOLVED_EXACT", "DIVERGED", "EOS", "AT_END",
-    "Walk", "walk_blocks", "ceiling_from_factors", "sglang_interval",
+    "Walk", "walk_blocks", "ceiling_from_factors", "position_survival", "sglang_interval",
 ]
 
 CATEGORIES = ("exact_in_window", "censored_resolved_exact", "censored_diverged",
@@ -178,6 +178,32 @@ def ceiling_from_factors(
     rest, _ = _chain(walk, tail, walk.unverifiable)
     value = walk.window + extra + prod * rest
     return np.where(walk.censored, value, walk.correct).astype(np.float64)
+
+
+def position_survival(walk: Walk, a: np.ndarray, *, tail: np.ndarray | float = 1.0) -> np.ndarray:
+    """``[n, gamma]`` probability that a full verify accepts the first ``k`` drafts, per offset ``k``.
+
+    The terms :func:`ceiling_from_factors` sums: 1 inside an accepted window,
+    then the chained factors (``a`` on walked offsets, ``tail`` on unverifiable
+    ones, 0 where nothing more can be accepted); ``1[k <= correct_drafts]``
+    for a step rejected inside its window.  Row sums equal
+    ``ceiling_from_factors(walk, a, tail=tail)``; these are the per-position
+    labels a calibration of the survival needs (a sum alone does not say how
+    the acceptance spreads over positions).
+
+    >>> w = walk_blocks(np.array([[5, 6, 7]]), np.array([1]), np.array([1]),
+    ...                 np.array([[5, 8, -1]]), np.array([False]))
+    >>> position_survival(w, np.full((1, 3), 0.5)).tolist()
+    [[1.0, 0.5, 0.5]]
+    """
+    n, gamma = walk.walked.shape
+    offset = np.arange(1, gamma + 1)[None, :]
+    tail = np.broadcast_to(np.asarray(tail, dtype=np.float64), walk.walked.shape)
+    in_tail = walk.censored[:, None] & (offset > walk.window[:, None])
+    f = np.where(walk.walked, np.asarray(a, dtype=np.float64), np.where(walk.unverifiable, tail, 0.0))
+    chain = np.cumprod(np.where(in_tail, f, 1.0), axis=1)
+    censored = np.where(offset <= walk.window[:, None], 1.0, np.where(in_tail, chain, 0.0))
+    return np.where(walk.censored[:, None], censored, (offset <= walk.correct[:, None]).astype(np.float64))
 
 
 def sglang_interval(walk: Walk, a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
