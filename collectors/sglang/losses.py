@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional
 
 __all__ = ["Outage", "RequestAccounting", "dropped_rows"]
 
@@ -32,7 +32,7 @@ __all__ = ["Outage", "RequestAccounting", "dropped_rows"]
 class Outage:
     """Consecutive failed polls, as one period (times from an injectable monotonic clock)."""
 
-    clock: callable = time.monotonic
+    clock: Callable[[], float] = time.monotonic
     started: Optional[float] = None
     polls: int = 0
     timeouts: int = 0

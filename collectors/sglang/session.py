@@ -415,6 +415,8 @@ class Collector(PollingMixin):
                 self.summary.end_reason = f"error: {self.summary.rows_failed} rows could not be written"
         self.summary.elapsed_s = time.monotonic() - t0
         fields: dict[str, Any] = {"ended_at": _now(), "end_reason": self.summary.end_reason}
+        if self.cursor.segment and self.cursor.startup_time is not None:
+            fields["startup_time"] = self.cursor.startup_time  # the server now, so a --resume follows it
         if extra_labels:
             current = self.store.read("runs", self.opts.run_id).to_pylist()
             labels = dict(current[-1]["labels"] or []) if current else {}

@@ -48,8 +48,8 @@ def doctor(
         if row.get("ended_at") is None:
             problems += 1
             typer.echo(f"unclosed run: {row['run_id']} started {row['started_at']} has no ended_at; if its "
-                       "collector is gone, the next `dspark-obs collect --run-id "
-                       f"{row['run_id']} --resume` or any collect into this store marks it crashed")
+                       f"collector is gone, `dspark-obs collect --run-id {row['run_id']} --resume ...` marks it "
+                       "crashed (at its last committed file) and continues it")
     for tmp in sorted(Path(data).glob("*/run_id=*/.*.tmp")):
         problems += 1
         typer.echo(f"leftover temporary file (a write interrupted by a crash; readers ignore it): {tmp}")
