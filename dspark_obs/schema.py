@@ -222,6 +222,13 @@ SPS_ROUNDS = pa.schema([
     _f("load_reached_target", pa.bool_(), "load generator: the target batch was reached"),
     _f("source_line", _i64, "1-based line in the imported file", False),
 ])
+SAMPLING_OVERRIDES = pa.schema([
+    _f("rid", _str, "the request; null = every request of the run that recorded no temperature"),
+    _f("temperature", _f32, "sampling temperature to assume (0 = greedy)", False),
+    _f("source", _str, "what gave it: ingest --temperature | ingest --workload-map (its temperature column)"),
+])
+"""Sampling the user stated for requests whose run recorded none (a ``/generate`` body does not echo
+it); ``estimate`` uses it after a recorded temperature and before inference."""
 
 TABLES: dict[str, pa.Schema] = {
     "runs": RUNS,
@@ -236,6 +243,7 @@ TABLES: dict[str, pa.Schema] = {
     "sts_calibrations": STS_CALIBRATIONS,
     "sps_records": SPS_RECORDS,
     "sps_rounds": SPS_ROUNDS,
+    "sampling_overrides": SAMPLING_OVERRIDES,
 }
 
 

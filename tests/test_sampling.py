@@ -104,3 +104,40 @@ def test_an_override_fills_what_the_run_did_not_record(unrecorded):
     assert set(result.sampling_counts) == {("sampled", "override")}
     got = result.ceiling.to_pydict()
     assert np.allclose(got["temperature"], 0.7)
+
+
+def test_ingest_states_the_sampling_of_generate_bodies(tmp_path):
+    """/generate bodies carry no sampling: ingest --temperature and a map's temperature column state it."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from dspark_obs.cli import app
+    from dspark_obs.emulator.engine import EngineConfig
+    from dspark_obs.emulator.server import BackgroundServer
+
+    import httpx
+
+    bodies, infos = [], []
+    with BackgroundServer(EngineConfig(mode="compact", seed=2)) as server:
+        for i in range(6):
+            bodies.append(httpx.post(f"{server.url}/generate", json={
+                "rid": f"gsm8k-{i:06d}", "text": f"q {i}", "return_logprob": True, "top_logprobs_num": 3,
+                "sampling_params": {"temperature": 0.7, "max_new_tokens": 40, "sampling_seed": i}}, timeout=30).json())
+        infos.append(httpx.get(f"{server.url}/server_info", timeout=30).json())
+    gen, info = tmp_path / "generate.jsonl", tmp_path / "server_info.jsonl"
+    gen.write_text("\n".join(json.dumps(b) for b in bodies) + "\n")
+    info.write_text("\n".join(json.dumps(b) for b in infos) + "\n")
+    mapping = tmp_path / "map.csv"
+    mapping.write_text("rid,workload,temperature\ngsm8k-000000,gsm8k,0.7\ngsm8k-000001,gsm8k,\n")
+    data = tmp_path / "data"
+    got = CliRunner().invoke(app, ["ingest", "--out", str(data), "--run-id", "imp", "--server-info", str(info),
+                                   "--generate", str(gen), "--workload-map", str(mapping), "--temperature", "0.7"])
+    assert got.exit_code == 0, got.output
+    result = estimate_run(data, "imp", n_bootstrap=0, write=False)
+    assert set(result.sampling_counts) == {("sampled", "override")}
+    bad = tmp_path / "bad.csv"
+    bad.write_text("rid,temperature\ngsm8k-000000,warm\n")
+    got = CliRunner().invoke(app, ["ingest", "--out", str(tmp_path / "d2"), "--run-id", "imp", "--generate", str(gen),
+                                   "--workload-map", str(bad)])
+    assert got.exit_code != 0 and "is not a number" in " ".join(got.output.split())

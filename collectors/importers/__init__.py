@@ -144,7 +144,8 @@ class WorkloadResolver:
 
     DEFAULT_PATTERN = r"(?P<workload>[^@]+)-\d+(?:@[A-Za-z0-9_.-]+)?"
 
-    def __init__(self, pattern: Optional[str] = None, mapping: Optional[dict[str, str]] = None) -> None:
+    def __init__(self, pattern: Optional[str] = None, mapping: Optional[dict[str, str]] = None,
+                 temperatures: Optional[dict[str, float]] = None) -> None:
         try:
             self.pattern = re.compile(pattern or self.DEFAULT_PATTERN)
         except re.error as exc:
@@ -152,16 +153,31 @@ class WorkloadResolver:
         if self.pattern.groups < 1:
             raise ValueError(f"--rid-pattern {pattern!r} needs a group for the workload, e.g. (?P<workload>.+)-\\d+")
         self.mapping = mapping or {}
+        self.temperatures = temperatures or {}  # a map's optional temperature column (ingest stores it)
 
     @classmethod
     def from_csv(cls, path: str | Path, pattern: Optional[str] = None) -> "WorkloadResolver":
         with open(path, newline="", encoding="utf-8") as f:
             reader = csv.DictReader(f)
-            if not reader.fieldnames or not {"rid", "workload"} <= set(reader.fieldnames):
-                raise ValueError(f"{path}: a workload map needs a header with columns rid,workload; "
-                                 f"got {reader.fieldnames}")
-            mapping = {row["rid"]: row["workload"] for row in reader if row.get("rid")}
-        return cls(pattern, mapping)
+            names = set(reader.fieldnames or ())
+            if "rid" not in names or not names & {"workload", "temperature"}:
+                raise ValueError(f"{path}: a workload map needs a header with columns rid,workload (and "
+                                 f"optionally temperature, or rid,temperature); got {reader.fieldnames}")
+            mapping, temperatures = {}, {}
+            for line, row in enumerate(reader, 2):
+                if not row.get("rid"):
+                    continue
+                if row.get("workload"):
+                    mapping[row["rid"]] = row["workload"]
+                if (row.get("temperature") or "").strip():
+                    try:
+                        temperatures[row["rid"]] = float(row["temperature"])
+                    except ValueError:
+                        raise ValueError(f"{path} line {line}: temperature {row['temperature']!r} is not a number "
+                                         "(0 = greedy)") from None
+                    if not temperatures[row["rid"]] >= 0:
+                        raise ValueError(f"{path} line {line}: temperature must be >= 0, got {row['temperature']}")
+        return cls(pattern, mapping, temperatures)
 
     def __call__(self, rid: Optional[str]) -> Optional[str]:
         if rid is None:

@@ -28,7 +28,8 @@ def ingest(
     sps_table: list[Path] = typer.Option([], help="Cost table JSON (1-D or additive, --speculative-dspark-sps-table-path) -> cost_tables; repeatable."),
     sps_records: list[Path] = typer.Option([], help="SPS profiler STEM.records.jsonl / STEM.rounds.jsonl / OUT.manifest.json -> sps_records, sps_rounds; repeatable."),
     sts: list[Path] = typer.Option([], help="STS calibration JSON (--speculative-dspark-confidence-sts-path) -> sts_calibrations; repeatable."),
-    workload_map: Optional[Path] = typer.Option(None, help="CSV with columns rid,workload; overrides the rid pattern."),
+    workload_map: Optional[Path] = typer.Option(None, help="CSV with columns rid,workload (overrides the rid pattern) and optionally temperature (the request's sampling, 0 = greedy, for requests whose files do not say)."),
+    temperature: Optional[float] = typer.Option(None, min=0.0, help="Sampling temperature of every request whose files do not say (a /generate body does not echo it); 0 = greedy. Default: `estimate` infers it from the committed tokens."),
     rid_pattern: Optional[str] = typer.Option(None, help="Regex for the workload in a rid (named group 'workload' or group 1). Default: the text before the last '-' when the rest is a number."),
     replace: bool = typer.Option(False, help="Drop the run's data first (local store only) instead of refusing an existing run."),
     redact_text: bool = typer.Option(False, help="Store no prompt or output text."),
@@ -37,6 +38,10 @@ def ingest(
     """Import what an SGLang DSpark server left on disk, without a live server.
 
     Lines that do not fit SGLang's formats go to `dead_letters` with the reason; the import goes on.
+
+    A `/generate` body does not say how its request was sampled: a request log (`--request-log`)
+    does; else `--temperature T` or a `temperature` column in `--workload-map` state it
+    (table `sampling_overrides`); else `dspark-obs estimate` infers it from the committed tokens.
 
     Example: `dspark-obs ingest --out data --run-id prod-1 --server-info info.jsonl --request-log metrics.log --estimator-jsonl est.jsonl`
     """
@@ -97,6 +102,14 @@ def ingest(
     for p in sts:
         results.append(import_sts(store, run_id, p))
 
+    overrides = [{"rid": rid, "temperature": t, "source": "ingest --workload-map"}
+                 for rid, t in sorted(resolver.temperatures.items())]
+    if temperature is not None:
+        overrides.append({"rid": None, "temperature": temperature, "source": "ingest --temperature"})
+    if overrides:
+        store.write("sampling_overrides", run_id, overrides)
+        console.print(f"sampling_overrides: {len(overrides)} rows (estimate uses them where no temperature "
+                      "was recorded)")
     # Rids seen in steps or estimator rows but in no imported request still get their workload.
     have = set(store.read("requests", run_id).column("rid").to_pylist())
     seen = set().union(*(r.rids for r in results)) - have

@@ -276,10 +276,16 @@ class _Inputs:
 
 @dataclass(frozen=True)
 class _Inferred:
-    """The run's inferred sampling per rid (from every committed token of the run, once)."""
+    """The run's stated and inferred sampling per rid (read once for the whole run)."""
 
-    rids: pa.Array
-    kinds: np.ndarray
+    rids: pa.Array             # rids with token evidence
+    kinds: np.ndarray          # their inferred sampling
+    override_rids: pa.Array    # rids of stored per-request overrides (ingest --workload-map)
+    override_temps: np.ndarray
+    run_override: float | None  # stored run-wide override (ingest --temperature)
+
+
+_OVERRIDES_SQL = "SELECT rid, temperature FROM sampling_overrides WHERE run_id = $run ORDER BY rid NULLS LAST"
 
 
 def _infer_sampling(con, run_id: str, alpha: float) -> _Inferred:
@@ -287,13 +293,25 @@ def _infer_sampling(con, run_id: str, alpha: float) -> _Inferred:
     log_p = _np(evidence, "log_p_top1", np.float64, 0.0)
     kinds = sampling.infer_greedy(_np(evidence, "n_topk", np.int64, 0), _np(evidence, "n_top1", np.int64, 0),
                                   log_p, alpha=alpha)
-    return _Inferred(evidence.column("rid").combine_chunks(), sampling.pool_run(kinds, log_p, alpha=alpha))
+    stated = _fetch(con, _OVERRIDES_SQL, {"run": run_id})
+    per_rid = stated.filter(pc.is_valid(stated.column("rid")))
+    run_wide = stated.filter(pc.is_null(stated.column("rid"))).column("temperature").to_pylist()
+    return _Inferred(evidence.column("rid").combine_chunks(), sampling.pool_run(kinds, log_p, alpha=alpha),
+                     per_rid.column("rid").combine_chunks(), _np(per_rid, "temperature", np.float64, np.nan),
+                     float(run_wide[-1]) if run_wide else None)
 
 
 def _sampling(steps: pa.Table, inferred: _Inferred, temperature: float | None) -> tuple[np.ndarray, ...]:
-    """Per step: the temperature known (recorded, else ``temperature``), the sampling and its source."""
+    """Per step: the temperature known (recorded, else stated), the sampling and its source.
+
+    Stated, in order: the request's own override (an ingest map), ``temperature``
+    (``estimate --temperature``), the run's stored ``ingest --temperature``.
+    """
     recorded = _np(steps, "temperature", np.float64, np.nan)
-    override = np.full(steps.num_rows, np.nan if temperature is None else float(temperature))
+    fallback = temperature if temperature is not None else inferred.run_override
+    override = np.full(steps.num_rows, np.nan if fallback is None else float(fallback))
+    ocode, _ = _codes(steps.column("rid"), inferred.override_rids)
+    override = np.where(ocode >= 0, np.append(inferred.override_temps, np.nan)[ocode], override)
     code, _ = _codes(steps.column("rid"), inferred.rids)
     inferred = np.where(code >= 0, np.append(inferred.kinds, sampling.UNKNOWN)[code], sampling.UNKNOWN)
     kind, source = sampling.resolve_sampling(recorded, override, inferred)
