@@ -229,7 +229,8 @@ def validation_coverage(data) -> go.Figure:
         "Interval coverage by bin of the estimate", "bin of the estimate (mean mid, drafts)",
         "truth inside [lo, hi] (% of steps)",
         "Each bar is one equal-count bin of censored steps; a sound interval covers ~100% of the truths in every "
-        "bin. A dip marks where the bounds are too tight.")
+        "bin. Realised truth: greedy steps (a sampled step's realisation is one draw, judged by the bins' means); "
+        "emulator: E[full | window accepted] of every step. A dip marks where the bounds are too tight.")
     if df.empty:
         return no_data(fig)
     bins = _bins(df)
