@@ -41,5 +41,5 @@ if [[ ! -f "$STAMP" || "$(cat "$STAMP")" != "$WANT" ]]; then
   echo "$WANT" > "$STAMP"
 fi
 
-export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-exec "$VENV/bin/python" -m pytest tests/realmodel -p no:cacheprovider -o python_files='realmodel_*.py' -q -s "$@"
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # see RealModelConfig.threads
+exec "$VENV/bin/python" -m pytest tests/realmodel -p no:cacheprovider -o python_files='realmodel_*.py' -o timeout=1800 -q -s "$@"

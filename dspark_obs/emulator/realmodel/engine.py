@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -49,7 +50,10 @@ class RealModelConfig(base.EngineConfig):
     # (a, b): the head reports sigmoid(a * logit(q) + b) instead of q (a miscalibrated head).
     head_transform: Optional[tuple[float, float]] = None
     cache_dir: Optional[str] = None
-    threads: int = 2
+    # torch intra-op threads. One by default: on 2 shared cores, measured at bs 16, two threads
+    # made a decode step 10-20x slower whenever other work ran (barriers on every small op),
+    # one thread stays near 1.5 s. DSPARK_OBS_TORCH_THREADS=2 for an otherwise idle machine.
+    threads: int = field(default_factory=lambda: int(os.environ.get("DSPARK_OBS_TORCH_THREADS", "1")))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -57,6 +61,8 @@ class RealModelConfig(base.EngineConfig):
             raise ValueError(f"model {self.model!r} is not one of {', '.join(MODEL_NAMES)}")
         if self.dp_size != 1:
             raise ValueError(f"the real-model emulator serves one DP rank; got dp_size {self.dp_size}")
+        if not 1 <= self.threads <= 2:
+            raise ValueError(f"threads must be 1 or 2 (the machine has 2 cores), got {self.threads}")
         if self.estimate_path:
             raise ValueError("the real-model emulator does not write the block-accept estimator JSONL; "
                              "unset SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH")

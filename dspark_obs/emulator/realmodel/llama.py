@@ -135,15 +135,28 @@ class LlamaStack:
             for c, s, n, mask in zip(caches, batch.starts, batch.counts, batch.masks):
                 c.k[cj, :, s:s + n] = k[row:row + n].transpose(0, 1)
                 c.v[cj, :, s:s + n] = v[row:row + n].transpose(0, 1)
-                qr = q[row:row + n].transpose(0, 1)[None]
-                o = F.scaled_dot_product_attention(qr, c.k[cj, :, :s + n][None], c.v[cj, :, :s + n][None],
-                                                   attn_mask=mask, enable_gqa=True)
-                outs.append(o[0].transpose(0, 1).reshape(n, q_size))
+                outs.append(self._attend(q[row:row + n], c.k[cj, :, :s + n], c.v[cj, :, :s + n], mask))
                 row += n
             x = x + torch.cat(outs) @ o_w.T
             gate, up = (self._rms(x, ln2) @ gu_w.T).chunk(2, dim=-1)
             x = x + (F.silu(gate) * up) @ down_w.T
         return x
+
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:
+        """Grouped-query attention of ``n`` new queries ``[n, heads, d]`` on ``k, v`` ``[kv_heads, L, d]``.
+
+        Two batched matmuls per kv head group: on CPU about 50x faster than torch's
+        ``scaled_dot_product_attention(enable_gqa=True)`` at these sizes (one query, ~200 keys).
+        """
+        sh = self.shape
+        n, group = q.shape[0], sh.heads // sh.kv_heads
+        # query head h reads kv head h // group: [kv_heads, group * n, d]
+        qg = q.transpose(0, 1).reshape(sh.kv_heads, group * n, sh.head_dim)
+        scores = torch.bmm(qg, k.transpose(1, 2)) * (sh.head_dim ** -0.5)
+        if mask is not None:
+            scores = scores.view(sh.kv_heads, group, n, -1).masked_fill(~mask, float("-inf")).view_as(scores)
+        out = torch.bmm(torch.softmax(scores, dim=-1), v)
+        return out.view(sh.heads, n, sh.head_dim).transpose(0, 1).reshape(n, sh.heads * sh.head_dim)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and the tied head on packed hidden states."""
