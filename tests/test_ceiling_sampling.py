@@ -139,3 +139,9 @@ def test_per_position_survival_sums_to_mid_and_tracks_the_true_survival():
     print(f"\nmax over positions of |mean label - mean true survival|: per-position {err_new:.3f}, "
           f"clip(mid - k + 1) {err_old:.3f}")
     assert err_new < 0.05 and err_new < err_old
+
+
+def test_sglang_method_survival_sums_to_its_midpoint():
+    sim = _head_is_the_drafter(simulate(drafter_temp=0.6, n=2000))
+    est = _run(sim, method="sglang")["est"]
+    np.testing.assert_allclose(est.survival.sum(axis=1), est.mid, atol=1e-9)

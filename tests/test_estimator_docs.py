@@ -9,7 +9,7 @@ import pytest
 
 MODULES = ["dspark_obs.acceptance", "dspark_obs.estimators.sampling", "dspark_obs.estimators.ceiling_drafter",
            "dspark_obs.estimators.ceiling_walk", "dspark_obs.estimators.recalibration",
-           "dspark_obs.estimators.replay"]
+           "dspark_obs.estimators.replay", "dspark_obs.estimators.ceiling"]
 
 
 @pytest.mark.parametrize("name", MODULES)

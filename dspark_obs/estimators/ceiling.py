@@ -75,8 +75,8 @@ __all__ = ["METHODS", "drafter_explains_better", "CeilingEstimate", "estimate_ce
            "CEILING", "CEILING_SUMMARY", "CEILING_VALIDATION"]
 
 METHODS = ("default", "sglang")
-_Z = 1.96
-TAIL_LO, TAIL_HI = 0.0, 1.0
+_Z = 1.96           # the drafter map's band: q̂ +- 1.96 standard errors
+_TAIL_LO, _TAIL_HI = 0.0, 1.0   # unverifiable drafts past a divergence: none to all accepted
 Method = Literal["default", "sglang"]
 
 _i16, _i32, _i64, _f32, _f64, _str = pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string()
@@ -227,9 +227,17 @@ def estimate_ceiling(
         See the module docstring.
     model : AcceptanceModel, optional
         Fitted acceptance model; by default fitted on these steps.
+    drafter : DrafterMap, optional
+        Fitted drafter map ``q̂ = g(c)``; by default fitted on these steps.
+    use_drafter : bool, optional
+        Whether the drafter map (rather than the acceptance model) gives the
+        walked drafts' ``a_k``; by default the one that explains these steps'
+        verified outcomes better (:func:`drafter_explains_better`).
 
-    >>> from dspark_obs.estimators.ceiling_evidence import Evidence, draft_evidence, token_index
-from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
+    Returns ``lo``, ``mid``, ``hi`` and ``survival`` (``[n, gamma]``, the
+    per-position terms ``mid`` sums: the reconstructed calibration labels).
+
+    >>> from dspark_obs.estimators.ceiling_evidence import Evidence
     >>> ev = Evidence(realised=np.array([[5, 6, 7]]), p_draft=np.full((1, 3), np.nan),
     ...               p_topk=np.full((1, 3), np.nan), topk_state=np.zeros((1, 3), np.int8))
     >>> est = estimate_ceiling(np.array([[5, 6, 8]]), np.array([1]), np.array([1]), ev,
@@ -271,8 +279,8 @@ from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
         proxy = np.where(np.isnan(conf), model.base_rate[False], conf)
         a = np.where(g, eq, np.where(known, exact, proxy))
         lo, mid, hi = sglang_interval(walk, a)
-        return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model,
-                               survival=position_survival(walk, a, tail=0.5))  # mid = halfway through the tail
+        halfway = 0.5 * (position_survival(walk, a, tail=0.0) + position_survival(walk, a, tail=1.0))
+        return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model, survival=halfway)
     if drafter is None:
         drafter = fit_drafter_map(conf, p, evidence.topk_state, window, correct, ~greedy)
     if use_drafter is None:
@@ -290,8 +298,8 @@ from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
     a_hi = np.where(g, eq, np.where(known, exact, a_hi))
     a_mid = np.where(g, eq, np.where(known, exact, np.clip(mapped, a_lo, a_hi)))
     prior = model.prior(conf, greedy)
-    lo = ceiling_from_factors(walk, a_lo, tail=TAIL_LO)
-    hi = ceiling_from_factors(walk, a_hi, tail=TAIL_HI)
+    lo = ceiling_from_factors(walk, a_lo, tail=_TAIL_LO)
+    hi = ceiling_from_factors(walk, a_hi, tail=_TAIL_HI)
     mid = ceiling_from_factors(walk, a_mid, tail=prior)
     return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model,
                            survival=position_survival(walk, a_mid, tail=prior))
