@@ -88,3 +88,13 @@ def test_keyed_uniforms_depend_on_every_part_of_the_key():
     others = {coupling.keyed_uniform(1, 7, 3, "target"), coupling.keyed_uniform(0, 8, 3, "target"),
               coupling.keyed_uniform(0, 7, 4, "target"), coupling.keyed_uniform(0, 7, 3, "couple")}
     assert base not in others and len(others) == 4
+
+
+def test_head_transform_and_sts_map_the_drafter_probability():
+    q = np.array([[0.5, 0.9, 0.2]])
+    assert np.allclose(coupling.head_confidence(q, None, None), q)
+    logit = np.log(q / (1 - q))
+    shifted = coupling.head_confidence(q, (0.5, 1.0), None)
+    assert np.allclose(shifted, 1 / (1 + np.exp(-(0.5 * logit + 1.0))))
+    sts = coupling.head_confidence(q, None, np.array([2.0, 2.0, 2.0]))
+    assert np.allclose(sts, 1 / (1 + np.exp(-logit / 2.0)))

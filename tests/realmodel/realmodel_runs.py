@@ -131,3 +131,25 @@ def test_schedule_replay_reproduces_the_logged_windows(runs, temp):
                                       {"run": runs.compact[temp]}).fetchone()
     print(f"\nt={temp}: replay reproduces {share:.1%} of {steps} logged steps")
     assert steps > 10 and share == 1.0
+
+
+def test_a_separate_head_changes_confidences_and_windows_not_tokens(runs):
+    from dspark_obs.emulator.engine import GenerateRequest
+    from dspark_obs.emulator.realmodel.engine import RealModelConfig, RealModelEngine
+    from tests.realmodel.conftest import MAX_NEW_TOKENS, planned_requests
+
+    eng = RealModelEngine(RealModelConfig(mode="compact", seed=0, head_transform=(0.5, 1.0)))
+    futs = {p.rid: eng.submit(GenerateRequest(rid=p.rid, text=p.text, temperature=0.7,
+                                              max_new_tokens=MAX_NEW_TOKENS, sampling_seed=p.sampling_seed))
+            for p in planned_requests(0.7)}
+    eng.run_until_idle()
+    assert {rid: f.result()["output_ids"] for rid, f in futs.items()} == runs.static_outputs[0.7]
+    reqs = [q for rec in eng.dump()[0]["records"] for q in rec["reqs"]]
+    # sigmoid(0.5 logit q + 1) > q for every q < 0.88: the head is over-confident where the drafter is unsure
+    base = _con(runs).execute("SELECT avg(list_avg(confidence)), avg(verify_len) FROM step_reqs WHERE run_id = $run",
+                              {"run": runs.compact[0.7]}).fetchone()
+    mean_conf = sum(sum(q["confidence"]) / len(q["confidence"]) for q in reqs) / len(reqs)
+    mean_len = sum(q["verify_len"] for q in reqs) / len(reqs)
+    print(f"\nhead transform (0.5, 1.0): mean confidence {base[0]:.3f} -> {mean_conf:.3f}, "
+          f"mean verify_len {base[1]:.2f} -> {mean_len:.2f}")
+    assert mean_conf > base[0] + 0.05 and mean_len > base[1]
