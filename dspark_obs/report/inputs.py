@@ -111,11 +111,23 @@ def connect(root: Path):
 
     from dspark_obs import sql as sqlmod
 
+    from dspark_obs import quarantine
+
     try:
-        return sqlmod.connect(root)
+        con = sqlmod.connect(root)
     except duckdb.Error as exc:
         _scan_part_files(root)
         raise InputError(f"cannot read the store at {root}: {str(exc).splitlines()[0]}") from None
+    # readers move an unreadable file aside (dspark_obs.quarantine) and go on; a report gates on the
+    # data, so a store that lost a file is an input error naming it, not a quiet pass without it
+    moved = quarantine.listing(root).to_pylist()
+    if moved:
+        m = moved[0]
+        original = Path(root) / m["table_name"] / f"run_id={m['run_id']}" / m["file_name"]
+        raise InputError(f"unreadable part file {original}: {m['error']}; it was moved to {m['path']} "
+                         f"({len(moved)} quarantined in all, see `dspark-obs doctor --data {root}`); restore a "
+                         "repaired copy, or delete it from _quarantine to accept the loss, or re-collect the run")
+    return con
 
 
 def read_runs(con, root: Path) -> list[RunInfo]:
