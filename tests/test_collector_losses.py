@@ -73,3 +73,20 @@ def test_runlife_refuses_then_resumes_and_marks_the_crash(tmp_path):
     point = runlife.resume_point(store, "r", row)
     assert point.high_water == {0: 9} and point.segment == 0
     assert point.labels["resume_1_previous_end"].startswith("crashed") and point.labels["a"] == "1"
+
+
+def test_resume_keeps_a_mark_per_table_when_a_kill_split_a_flush(tmp_path):
+    """steps committed up to 9, step_reqs only up to 3: the cursor re-reads from 3, each table keeps its own."""
+    store = Store(tmp_path)
+    store.upsert_run("r", started_at=T0, source="emulator")
+    store.write("steps", "r", [{"dp_rank": 0, "forward_ct": f, "segment": 0, "bs": 1, "num_running_reqs": 1,
+                                "mode": "compact", "num_verify_tokens": 4, "verify_tokens_local": 4,
+                                "verify_tokens_dp_synced": 4, "verify_tokens_graph_key": 4} for f in (3, 9)])
+    store.write("step_reqs", "r", [{"dp_rank": 0, "forward_ct": 3, "segment": 0, "rid": "a", "req_pool_index": 0,
+                                    "prefix_len": 1, "verify_len": 2, "acc_len": 1, "correct_drafts": 0,
+                                    "cap_trim": 0, "bonus_token": 1, "draft_tokens": [1, 2, 3]}])
+    store.write("requests", "r", [{"rid": "a", "spec_verify_ct": 2}])
+    row = runlife.check_new_run(store, "r", resume=True)
+    point = runlife.resume_point(store, "r", row)
+    assert point.high_water == {0: 9} and point.reqs_high_water == {0: 3}
+    assert point.verify_ct == {"a": 2} and point.request_steps == {"a": 1}

@@ -36,9 +36,28 @@ class PollingMixin:
         self.cursor.segment = point.segment
         if point.startup_time is not None:
             self.cursor.startup_time = point.startup_time
-        for dp_rank, fct in point.high_water.items():
-            self.cursor.ranks[dp_rank] = RankCursor(high_water=fct)
+        for dp_rank in point.high_water.keys() | point.reqs_high_water.keys():
+            # re-read from the lower mark; rows a table already holds are dropped in _process
+            marks = [m[dp_rank] for m in (point.high_water, point.reqs_high_water) if dp_rank in m]
+            self.cursor.ranks[dp_rank] = RankCursor(high_water=min(marks))
         self.accounting.stored.update(point.request_steps)
+        for rid, n in point.verify_ct.items():
+            self.accounting.finished(rid, n)  # requests an earlier attempt finished are checked too
+
+    def _not_yet_stored(self, dp_rank: int, steps, reqs):
+        """On a resumed run, drop the re-read rows a table already holds (its mark is above the cursor's)."""
+        point = self.resumed
+        if point is None or self.cursor.segment != point.segment:
+            return steps, reqs
+        import pyarrow.compute as pc
+
+        for name, marks in (("steps", point.high_water), ("reqs", point.reqs_high_water)):
+            mark = marks.get(dp_rank)
+            table = steps if name == "steps" else reqs
+            if mark is not None and table.num_rows:
+                table = table.filter(pc.greater(table.column("forward_ct"), mark))
+                steps, reqs = (table, reqs) if name == "steps" else (steps, table)
+        return steps, reqs
 
     # -- polling -----------------------------------------------------------------
 
@@ -157,6 +176,7 @@ class PollingMixin:
                 dp_rank=dp_rank, segment=self.cursor.segment)
             for reason, raw in dead:
                 self._dead_letter_once(reason, raw)
+            steps, reqs = self._not_yet_stored(dp_rank, steps, reqs)
             steps, reqs, bad = validate.check_tables(steps, reqs, gamma=self.summary.gamma, mode=self._payload_mode)
             if bad:
                 by_fct = {r.forward_ct: r for r in records}

@@ -42,7 +42,9 @@ class ResumePoint:
     """Where a resumed run goes on from (see the module docstring)."""
 
     segment: int = 0
-    high_water: dict[int, int] = field(default_factory=dict)  # dp_rank -> last stored forward_ct
+    high_water: dict[int, int] = field(default_factory=dict)  # dp_rank -> last stored forward_ct (steps)
+    reqs_high_water: dict[int, int] = field(default_factory=dict)  # dp_rank -> the same in step_reqs
+    verify_ct: dict[str, int] = field(default_factory=dict)  # rid -> spec_verify_ct of stored requests
     startup_time: Optional[float] = None
     rids: set[str] = field(default_factory=set)  # requests already stored
     request_steps: Counter = field(default_factory=Counter)  # rid -> stored request-steps
@@ -108,14 +110,19 @@ def resume_point(store, run_id: str, row: dict[str, Any]) -> ResumePoint:
     """The cursor, rids and labels a resumed run goes on from."""
     point = ResumePoint(startup_time=row.get("startup_time"))
     steps = store.read("steps", run_id).select(["dp_rank", "forward_ct", "segment"])
+    reqs = store.read("step_reqs", run_id).select(["dp_rank", "forward_ct", "segment", "rid"])
     if steps.num_rows:
         point.segment = int(pc.max(steps.column("segment")).as_py())
-        last = steps.filter(pc.equal(steps.column("segment"), point.segment))
+    # a kill can fall between the steps and the step_reqs file of one flush: keep a mark per table
+    for table, marks in ((steps, point.high_water), (reqs, point.reqs_high_water)):
+        last = table.filter(pc.equal(table.column("segment"), point.segment))
         for rank, fct in zip(last.column("dp_rank").to_pylist(), last.column("forward_ct").to_pylist()):
-            point.high_water[rank] = max(point.high_water.get(rank, 0), fct)
-    reqs = store.read("step_reqs", run_id).select(["rid"])
+            marks[rank] = max(marks.get(rank, 0), fct)
     point.request_steps.update(r for r in reqs.column("rid").to_pylist() if r is not None)
-    point.rids = {r for r in store.read("requests", run_id).column("rid").to_pylist() if r is not None}
+    stored = store.read("requests", run_id).select(["rid", "spec_verify_ct"]).to_pylist()
+    point.rids = {r["rid"] for r in stored if r["rid"] is not None}
+    point.verify_ct = {r["rid"]: r["spec_verify_ct"] for r in stored
+                       if r["rid"] is not None and r["spec_verify_ct"] is not None}
     labels = dict(row.get("labels") or [])
     n = sum(1 for k in labels if k.startswith("resume_")) // 2 + 1
     labels[f"resume_{n}_at"] = _dt.datetime.now(_dt.timezone.utc).isoformat()
