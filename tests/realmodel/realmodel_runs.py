@@ -153,3 +153,29 @@ def test_a_separate_head_changes_confidences_and_windows_not_tokens(runs):
     print(f"\nhead transform (0.5, 1.0): mean confidence {base[0]:.3f} -> {mean_conf:.3f}, "
           f"mean verify_len {base[1]:.2f} -> {mean_len:.2f}")
     assert mean_conf > base[0] + 0.05 and mean_len > base[1]
+
+
+@pytest.mark.parametrize("temp", TEMPERATURES)
+def test_committed_tokens_are_plain_sampling_from_the_target(runs, temp):
+    """Token by token, no drafter: x_t = inverse CDF of p_t at the keyed uniform (argmax when greedy)."""
+    import torch
+
+    from dspark_obs.emulator.realmodel import coupling
+    from dspark_obs.emulator.realmodel.pair import ModelPair
+    from tests.realmodel.conftest import planned_requests
+
+    pair = ModelPair.get()
+    req = planned_requests(temp)[1]
+    want = runs.static_outputs[temp][req.rid]
+    caches = pair.new_caches(256)
+    out, feed = [], pair.encode(req.text)
+    t = torch.tensor([temp if temp > 0 else 1.0], dtype=torch.float64)
+    with torch.inference_mode():
+        while len(out) < len(want):
+            logits, _, _ = pair.forward([feed], [caches], drafter=False, last_only=True)
+            p = coupling.log_probs(logits, t).exp()
+            u = coupling.uniforms(0, [req.sampling_seed], [len(out)], "target")
+            x = int(p.argmax(-1)) if temp == 0 else int(coupling.inverse_cdf(p, u))
+            out.append(x)
+            feed = [x]
+    assert out == want
