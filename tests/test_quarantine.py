@@ -121,3 +121,15 @@ def test_every_command_still_runs_on_a_store_with_a_truncated_file(tmp_path, emu
     result = runner.invoke(app, ["doctor", "--data", str(root)])
     assert result.exit_code == 1 and victim.name in result.stdout
     assert not victim.exists()
+
+
+def test_doctor_closes_runs_whose_collector_is_gone_as_crashed(tmp_path):
+    s = Store(tmp_path / "data")
+    s.upsert_run("gone", started_at=T0, source="emulator")
+    s.write("steps", "gone", [_step(1)])
+    result = runner.invoke(app, ["doctor", "--data", str(s.root), "--mark-crashed-after", "0"])
+    assert result.exit_code == 0, result.output
+    run = s.read("runs", "gone").to_pylist()[0]
+    assert run["end_reason"].startswith("crashed: the collector ended without closing the run")
+    assert run["ended_at"] is not None
+    assert runner.invoke(app, ["doctor", "--data", str(s.root)]).exit_code == 0

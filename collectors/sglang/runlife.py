@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 from dspark_obs.store import _name_time
 
 __all__ = ["RunExists", "ResumePoint", "existing_run", "check_new_run", "resume_point", "mark_crashed",
-           "remove_stale_tmp"]
+           "remove_stale_tmp", "last_commit"]
 
 
 class RunExists(RuntimeError):
@@ -62,7 +62,7 @@ def existing_run(store, run_id: str) -> Optional[dict[str, Any]]:
     return None
 
 
-def _last_commit(store, run_id: str) -> Optional[_dt.datetime]:
+def last_commit(store, run_id: str) -> Optional[_dt.datetime]:
     """Time of the run's newest part file in any table (from the file names)."""
     from dspark_obs import schema
 
@@ -83,7 +83,7 @@ def mark_crashed(store, run_id: str, row: dict[str, Any]) -> Optional[str]:
     """Close an unclosed run as crashed at its last committed time; the end_reason written, or None."""
     if row.get("ended_at") is not None or "started_at" not in row:
         return None
-    last = _last_commit(store, run_id) or row["started_at"]
+    last = last_commit(store, run_id) or row["started_at"]
     reason = f"crashed: the collector ended without closing the run; last file committed {last.isoformat()}"
     store.upsert_run(run_id, ended_at=last, end_reason=reason)
     return reason

@@ -10,7 +10,9 @@ files.  Exit code 0: nothing found; 1: something to look at (listed).
 
 from __future__ import annotations
 
+import datetime as _dt
 from pathlib import Path
+from typing import Optional
 
 import typer
 
@@ -21,6 +23,7 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     data: Path = typer.Option(..., help="Data root of the store."),
+    mark_crashed_after: Optional[float] = typer.Option(None, help="Close unclosed runs whose newest file is older than this many minutes as crashed (at that file's time); their collectors are gone. Default: only list them."),
 ) -> None:
     """Check a store: quarantine unreadable part files, list unclosed runs and leftover .tmp files.
 
@@ -30,6 +33,7 @@ def doctor(
     """
     from dspark_obs import quarantine
     from dspark_obs.console import console, fail
+    from collectors.sglang import runlife
     from dspark_obs.store import Store
 
     if not data.is_dir():
@@ -44,7 +48,13 @@ def doctor(
                    f"({row['size_bytes']} bytes): {row['error']} -> {row['path']}")
     store = Store(data)
     runs = store.read("runs")
+    now = _dt.datetime.now(_dt.timezone.utc)
     for row in runs.to_pylist():
+        if row.get("ended_at") is None and mark_crashed_after is not None:
+            last = runlife.last_commit(store, row["run_id"]) or row["started_at"]
+            if now - last >= _dt.timedelta(minutes=mark_crashed_after):
+                typer.echo(f"closed run {row['run_id']}: {runlife.mark_crashed(store, row['run_id'], row)}")
+                continue
         if row.get("ended_at") is None:
             problems += 1
             typer.echo(f"unclosed run: {row['run_id']} started {row['started_at']} has no ended_at; if its "
