@@ -122,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=None)
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cases", default="greedy,sampled,separate-head",
+                    help="comma-separated subset of greedy, sampled, separate-head")
     args = ap.parse_args(argv)
     args.requests = args.requests or (24 if args.model else 90)
     args.concurrency = args.concurrency or (8 if args.model else 24)
@@ -134,7 +136,10 @@ def main(argv: list[str] | None = None) -> int:
           "| max abs ECE gap to companion: reconstructed / observed | held-out mean ECE none / sts / platt / "
           "isotonic / beta |")
     print("|---|---|---|---|---|---|---|")
+    wanted = {c.strip() for c in args.cases.split(",")}
     for name, temperature, head in _cases(args.model):
+        if name.replace("sampled, separate head", "separate-head") not in wanted:
+            continue
         t0 = time.monotonic()
         tag = name.replace(", ", "-").replace(" ", "-")
         compact, _ = _collect_pair(store, tag, temperature, head, args)
