@@ -183,7 +183,7 @@ def collect(
     """Collect a run from a live server into the store (attach mode), or launch the server and collect (launch mode).
 
     Polls `/server_info` by high-water mark on `forward_ct`, reports lost records as gaps,
-    and with `--workload` drives closed-loop traffic itself (rids like `gsm8k-000017`,
+    and with `--workload` drives closed-loop traffic itself (run-scoped rids like `gsm8k-000017@RUN`,
     logprobs and top-5 requested) so that `requests` and `tokens` are filled too.
 
     Attach: `dspark-obs collect --url http://127.0.0.1:30000 --out data --workload gsm8k,poetry --requests 60`
