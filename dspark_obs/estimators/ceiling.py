@@ -30,7 +30,12 @@ is hidden.  This module estimates it per request-step from the committed output
     chosen per run;
   - ``a_k`` is exact where SGLang's JSONL gives ``q_k``; past a divergence the
     unverifiable rest is accepted with the head's calibrated conditional
-    confidence in ``mid`` and between none and all in ``lo``/``hi`` (none after EOS).
+    confidence in ``mid`` and between none and all in ``lo``/``hi`` (none after
+    EOS).  That band is what the data support: the acceptance ``min(1, p/q̂)``
+    of the run's verified drafts spreads over all of [0, 1] at every position
+    (its 2.5% and 97.5% quantiles are 0 and 1 on a drafter-probability head),
+    so a narrower band past a divergence would be a guess; the drafter map
+    narrows the walked part instead.
 
   Equality of a trimmed draft with the realised token is *not* taken as
   acceptance: the realised token came from another verify, so equality only
