@@ -141,3 +141,26 @@ def test_ingest_states_the_sampling_of_generate_bodies(tmp_path):
     got = CliRunner().invoke(app, ["ingest", "--out", str(tmp_path / "d2"), "--run-id", "imp", "--generate", str(gen),
                                    "--workload-map", str(bad)])
     assert got.exit_code != 0 and "is not a number" in " ".join(got.output.split())
+
+
+def test_estimate_prints_how_the_sampling_is_known_and_the_fix_for_unknown(unrecorded, tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_obs.cli import app
+
+    store, _ = unrecorded
+    got = CliRunner().invoke(app, ["estimate", "--data", str(store.root), "--run", "greedy", "--bootstrap", "0"])
+    assert got.exit_code == 0, got.output
+    text = " ".join(got.output.split())
+    assert "sampling: 24 greedy (inferred)" in text
+    # without top-k logprobs nothing can be inferred: the line names the flags that fix it
+    tokens = store.read("tokens", "temp").drop_columns(["run_id"])
+    for name in ("top_ids", "top_logprobs"):
+        tokens = tokens.set_column(tokens.schema.get_field_index(name), name,
+                                   pa.nulls(tokens.num_rows, tokens.schema.field(name).type))
+    store.drop_run("tokens", "temp")
+    store.write("tokens", "temp", tokens)
+    got = CliRunner().invoke(app, ["estimate", "--data", str(store.root), "--run", "temp", "--bootstrap", "0"])
+    assert got.exit_code == 0, got.output
+    text = " ".join(got.output.split())
+    assert "24 unknown" in text and "--temperature T" in text and "bins of mid" in text

@@ -116,6 +116,13 @@ def estimate(
     out.print(_summary_table(result))
     if result.validation is not None:
         out.print(_validation_table(result))
+        bins = [r for r in result.validation.to_pylist() if r["group_kind"] == "bin" and r.get("mean_truth") is not None]
+        if bins:
+            held = sum(r["mean_lo"] - 1e-9 <= r["mean_truth"] <= r["mean_hi"] + 1e-9 for r in bins)
+            worst = max(abs(r["mean_mid"] - r["mean_truth"]) for r in bins)
+            err.print(f"{len(bins)} equal-count bins of mid: the mean truth lies in the bin's mean \\[lo, hi] in {held} "
+                      f"of {len(bins)}; largest |mean mid - mean truth| {worst:.3f} drafts (how sampled steps are "
+                      "judged against realisations; MAE and coverage are over greedy steps)")
     err.print(f"wrote {result.num_rows} rows to ceiling, {result.summary.num_rows} to ceiling_summary"
               f"{'' if result.validation is None else f', {result.validation.num_rows} to ceiling_validation'}"
               f" (run {run}, method {method}). Next: dspark-obs sql --data {data} "
