@@ -24,7 +24,6 @@ step's forwards, ``draft_gpu_ms`` the drafter's own layers and head.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -91,10 +90,6 @@ class _Running:
     @property
     def greedy(self) -> bool:
         return self.req.temperature <= 0
-
-    @property
-    def end(self) -> int:
-        return len(self.output)
 
 
 class _Block:
@@ -419,11 +414,3 @@ class RealModelEngine(base.Engine):
                 meta["output_top_logprobs"] = [[[v, i, None] for i, v in zip(ids, vals)] for ids, vals in r.tops]
         return {"text": self.pair.decode(out), "output_ids": out, "meta_info": meta}
 
-
-def config(**kwargs: Any) -> RealModelConfig:
-    """A ``RealModelConfig``; unknown names raise ``TypeError`` listing the accepted ones."""
-    names = {f.name for f in dataclasses.fields(RealModelConfig)}
-    bad = sorted(set(kwargs) - names)
-    if bad:
-        raise TypeError(f"unknown real-model options {bad}; accepted: {sorted(names)}")
-    return RealModelConfig(**kwargs)
