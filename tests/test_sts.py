@@ -173,8 +173,9 @@ def test_sts_undoes_a_miscalibrated_head(emulated):
     # The head sharpened logits by 1/0.6: the fit cools them by about 1/0.6 = 1.67 at every position.
     assert all(t > 1.2 for t in fit.temperatures)
     assert 1.4 < gmean(fit.temperatures) < 2.0
-    # nothing was applied by the server (the recorded survival is rounded, the cumprod of confidences not)
-    assert fit.ece_reported == pytest.approx(fit.ece_before, abs=1e-4)
+    # nothing was applied by the server (the recorded survival is rounded to 4 decimals, the cumprod of
+    # confidences not: a step whose survival sits on a bin edge may change bins, ~1/n_samples of ECE each)
+    assert fit.ece_reported == pytest.approx(fit.ece_before, abs=1e-3)
 
 
 def test_fitting_data_served_with_sts_accounts_for_it(emulated):
@@ -187,7 +188,7 @@ def test_fitting_data_served_with_sts_accounts_for_it(emulated):
     assert 1.15 < gmean(fit.temperatures) / gmean(naive.temperatures) < 1.5
     # ece_before is the raw head (T = 1), worse than what the server showed with its STS.
     assert np.mean(fit.ece_before) > np.mean(fit.ece_reported) > np.mean(fit.ece_after)
-    np.testing.assert_allclose(fit.ece_reported, naive.ece_before, atol=1e-4)
+    np.testing.assert_allclose(fit.ece_reported, naive.ece_before, atol=1e-3)  # rounding at bin edges, as above
 
 
 def test_cli_fit_sts_writes_a_file_the_emulator_and_sglang_load(emulated, tmp_path):
