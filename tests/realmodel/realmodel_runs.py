@@ -98,7 +98,9 @@ def test_sampled_intervals_cover_the_conditional_expectation(estimated):
     print(f"\nt=0.7: {len(rows)} censored steps; [lo, hi] covers emu_expected_given_window on {cover:.1%}, "
           f"mean |mid - it| {err:.3f} drafts, mean width {width:.2f}")
     assert len(rows) > 20
-    assert cover >= 0.6 and err < 1.5  # floors only: the sampled estimator is being improved
+    # 9 requests (the tier's budget): limits with room for that sample; bench/estimator_truth measures
+    # 96 requests (coverage 99.5%, MAE 0.29)
+    assert cover >= 0.9 and err < 0.8
 
 
 @pytest.mark.parametrize("temp", TEMPERATURES)
