@@ -144,6 +144,30 @@ def _bump(hist: list[int], i: int) -> None:
     hist[i] += 1
 
 
+def spec_meta_info(r: Any, *, gamma: int, mode: str, completion: int) -> dict[str, Any]:
+    """A finished request's ``spec_*`` fields of ``meta_info``, as SGLang sends them (only when it verified).
+
+    ``r`` holds the request's counters: ``verify_ct``, ``correct_drafts``, ``cap_tokens``,
+    ``block_accept_tokens``, ``correct_hist``, ``cap_hist`` (both engines keep the same ones).
+    """
+    if r.verify_ct <= 0:
+        return {}
+    proposed = r.verify_ct * gamma
+    meta: dict[str, Any] = dict(spec_accept_rate=r.correct_drafts / proposed,
+                                spec_accept_length=completion / r.verify_ct,
+                                spec_num_correct_drafts=r.correct_drafts, spec_num_proposed_drafts=proposed,
+                                spec_verify_ct=r.verify_ct)
+    if r.cap_tokens > 0:
+        meta["spec_cap_length"] = r.cap_tokens / r.verify_ct
+    if mode == "cap-accept":
+        meta["spec_block_accept_length"] = r.block_accept_tokens / r.verify_ct
+    if r.correct_hist:
+        meta["spec_correct_drafts_histogram"] = r.correct_hist
+    if r.cap_hist:
+        meta["spec_cap_lens_histogram"] = r.cap_hist
+    return meta
+
+
 def _round6(values: np.ndarray) -> list[float]:
     """``[round(float(v), 6) for v in values]``, vectorised where that is provably the same.
 
@@ -446,20 +470,7 @@ class Engine:
             "prompt_tokens": len(r.input_ids), "completion_tokens": completion, "cached_tokens": 0,
             "e2e_latency": round(rank.clock - r.submitted_clock, 6),
         }
-        if r.verify_ct > 0:
-            proposed = r.verify_ct * self.cfg.gamma
-            meta.update(spec_accept_rate=r.correct_drafts / proposed,
-                        spec_accept_length=completion / r.verify_ct,
-                        spec_num_correct_drafts=r.correct_drafts, spec_num_proposed_drafts=proposed,
-                        spec_verify_ct=r.verify_ct)
-            if r.cap_tokens > 0:
-                meta["spec_cap_length"] = r.cap_tokens / r.verify_ct
-            if self.cfg.mode == "cap-accept":
-                meta["spec_block_accept_length"] = r.block_accept_tokens / r.verify_ct
-            if r.correct_hist:
-                meta["spec_correct_drafts_histogram"] = r.correct_hist
-            if r.cap_hist:
-                meta["spec_cap_lens_histogram"] = r.cap_hist
+        meta.update(spec_meta_info(r, gamma=self.cfg.gamma, mode=self.cfg.mode, completion=completion))
         if r.req.return_logprob:
             pos = np.arange(completion)
             lps = r.track.logprob_of_realised(pos) if completion else np.zeros(0)

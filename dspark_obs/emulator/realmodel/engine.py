@@ -394,20 +394,7 @@ class RealModelEngine(base.Engine):
             "prompt_tokens": len(r.input_ids), "completion_tokens": completion, "cached_tokens": 0,
             "e2e_latency": round(rank.clock - r.submitted_clock, 6),
         }
-        if r.verify_ct > 0:
-            proposed = r.verify_ct * self.cfg.gamma
-            meta.update(spec_accept_rate=r.correct_drafts / proposed,
-                        spec_accept_length=completion / r.verify_ct,
-                        spec_num_correct_drafts=r.correct_drafts, spec_num_proposed_drafts=proposed,
-                        spec_verify_ct=r.verify_ct)
-            if r.cap_tokens > 0:
-                meta["spec_cap_length"] = r.cap_tokens / r.verify_ct
-            if self.cfg.mode == "cap-accept":
-                meta["spec_block_accept_length"] = r.block_accept_tokens / r.verify_ct
-            if r.correct_hist:
-                meta["spec_correct_drafts_histogram"] = r.correct_hist
-            if r.cap_hist:
-                meta["spec_cap_lens_histogram"] = r.cap_hist
+        meta.update(base.spec_meta_info(r, gamma=self.cfg.gamma, mode=self.cfg.mode, completion=completion))
         if r.req.return_logprob:
             meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(r.logprobs, out)]
             if r.req.top_logprobs_num > 0:
