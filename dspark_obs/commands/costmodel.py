@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.console import fail
+from dspark_obs.console import FORMAT_HELP, check_format, console as err, fail, print_table
 from rich.console import Console
 from rich.table import Table
 
@@ -40,6 +40,7 @@ def costmodel(
                                                        "(default: the default table's, up to the data)."),
     m_probes: Optional[str] = typer.Option(None, help="Verify-token probe grid, e.g. 1,64,128,256,512,1024,2048."),
     write: bool = typer.Option(True, help="Store costmodel_fit and costmodel_error for each run."),
+    format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Fit T(bs, K) = bias + alpha(bs) + theta(M) to logged step times, the way SGLang's profiler does.
 
@@ -55,6 +56,7 @@ def costmodel(
     from dspark_obs.estimators import costmodel as cm
     from dspark_obs.store import Store, validate_run_id
 
+    check_format(format)
     if timer not in TIMERS:
         fail(f"--timer {timer!r} is not one of {', '.join(TIMERS)}")
     if not data.is_dir():
@@ -77,13 +79,13 @@ def costmodel(
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(costtable.to_json(report.fit.table) + "\n", encoding="utf-8")
-    _print(report, out)
+    _print(report, out, format)
 
 
-def _print(report, out: Optional[Path]) -> None:
+def _print(report, out: Optional[Path], fmt: str = "table") -> None:
     from rich.markup import escape
 
-    console = Console()
+    console = Console() if fmt == "table" else err  # csv/json: stdout holds only the tables
     t = report.fit.table
     fit = Table(title=f"Fitted additive table ({report.timer}, {report.fit.n_steps} steps in "
                       f"{report.fit.n_cells} cells)", header_style="bold")
@@ -95,22 +97,22 @@ def _print(report, out: Optional[Path]) -> None:
             ("theta", t.m_probes, t.theta_seconds, report.fit.theta_stderr, report.fit.m_covered)):
         for p, v, s, c in zip(probes, values, se, cov):
             fit.add_row(name, str(p), f"{v * 1e3:.4f}", f"{s * 1e3:.4f}", "yes" if c else "no")
-    console.print(fit)
-    err = Table(title="Predicted vs measured step time: MAPE % (mean predicted - measured, ms)",
+    print_table(fit, fmt)
+    err_table = Table(title="Predicted vs measured step time: MAPE % (mean predicted - measured, ms)",
                 header_style="bold")
     models = ("fitted", "fitted+context", "server")
     for col in ("run", "bs", "steps", *models):
-        err.add_column(col, justify="left" if col in ("run", "bs") else "right")
+        err_table.add_column(col, justify="left" if col in ("run", "bs") else "right")
     for run, rows in report.errors.items():
         by_bucket: dict[str, dict[str, dict]] = {}
         for r in rows:
             by_bucket.setdefault(r["bs_bucket"], {})[r["model"]] = r
         for bucket, cells in by_bucket.items():
             n = max(c["n"] for c in cells.values())
-            err.add_row(escape(run), "all" if bucket == "*" else bucket, str(n), *(
+            err_table.add_row(escape(run), "all" if bucket == "*" else bucket, str(n), *(
                 "-" if m not in cells or cells[m]["mape"] is None
                 else f"{cells[m]['mape'] * 100:.2f} ({cells[m]['bias_ms']:+.2f})" for m in models))
-    console.print(err)
+    print_table(err_table, fmt)
     fc = report.fit_context
     if fc is not None:
         verdict = "lowers the error" if report.context_helps else "does not lower the error"

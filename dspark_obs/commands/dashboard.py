@@ -18,6 +18,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from dspark_obs.console import in_range
 
 __all__ = ["APP_PATH", "streamlit_command", "streamlit_env", "serve_dashboard", "dashboard", "register"]
 
@@ -112,7 +113,7 @@ def serve_dashboard(data_root: str | Path, host: str = "127.0.0.1", port: int = 
 def dashboard(
     data: Path = typer.Option(..., help="Data root of the store (from `dspark-obs collect` or `demo`)."),
     host: str = typer.Option("127.0.0.1", help="Address to bind; keep loopback unless you mean to expose it."),
-    port: int = typer.Option(8501, help="Port to serve on."),
+    port: int = typer.Option(8501, callback=in_range(1, 65535), help="Port to serve on (1-65535)."),
 ) -> None:
     """Serve the Streamlit dashboard: ceiling, calibration, windows, cost model, throughput, requests, SQL.
 
@@ -125,8 +126,9 @@ def dashboard(
     try:
         code = serve_dashboard(data, host, port)
     except ValueError as exc:
-        _console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(2) from None
+        from dspark_obs.console import fail
+
+        fail(str(exc))
     raise typer.Exit(code)
 
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.console import fail
+from dspark_obs.console import FORMAT_HELP, check_format, fail, print_table
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -43,6 +43,7 @@ def estimate(
     temperature: Optional[float] = typer.Option(None, min=0.0, help="Sampling temperature of requests whose run "
                                                 "recorded none (0 = greedy), e.g. a run ingested from /generate "
                                                 "bodies. Default: inferred from the committed tokens' top-1."),
+    format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Estimate the hidden ceiling: what a full-block verify would have accepted, per request-step.
 
@@ -81,6 +82,7 @@ def estimate(
     from dspark_obs.estimators import ceiling as ceil
     from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
 
+    check_format(format)
     if method not in METHOD_CHOICES:
         fail(f"--method {method!r} is not one of {', '.join(METHOD_CHOICES)}")
     if bootstrap < 0:
@@ -112,10 +114,9 @@ def estimate(
     if result.truth_source == "companion" and result.steps_with_truth == 0:
         err.print(f"[yellow]warning:[/yellow] companion {result.companion} shares no step (same request, anchor "
                   "and drafts) with this run: replay the same prompts and sampling seeds on the same server seed")
-    out = Console(width=max(Console().width, 110))  # the CI columns do not fit 80
-    out.print(_summary_table(result))
+    print_table(_summary_table(result), format)  # folded to fit the terminal
     if result.validation is not None:
-        out.print(_validation_table(result))
+        print_table(_validation_table(result), format)
         bins = [r for r in result.validation.to_pylist() if r["group_kind"] == "bin" and r.get("mean_truth") is not None]
         if bins:
             held = sum(r["mean_lo"] - 1e-9 <= r["mean_truth"] <= r["mean_hi"] + 1e-9 for r in bins)

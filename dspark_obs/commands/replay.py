@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.console import fail
+from dspark_obs.console import FORMAT_HELP, check_format, console as err, fail, print_table
 from rich.console import Console
 from rich.table import Table
 
@@ -82,6 +82,7 @@ def replay(
                                                    "(--no-emulator-truth: only what a real server would give)."),
     timer: str = typer.Option("step_gpu_ms", help="Measured step time for the logged row."),
     write: bool = typer.Option(True, help="Store replay_conformance and replay_whatif for the run."),
+    format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
 ) -> None:
     """Replay the scheduler on logged confidences: conformance, and what-if throughput.
 
@@ -98,6 +99,7 @@ def replay(
     from dspark_obs.estimators import replay as rp
     from dspark_obs.store import Store, validate_run_id
 
+    check_format(format)
     if timer not in TIMERS:
         fail(f"--timer {timer!r} is not one of {', '.join(TIMERS)}")
     if not data.is_dir():
@@ -123,13 +125,13 @@ def replay(
         fail(str(exc))
     if write:
         rp.write_results(Store(data), report)
-    _print(report)
+    _print(report, format)
 
 
-def _print(report) -> None:
+def _print(report, fmt: str = "table") -> None:
     from rich.markup import escape
 
-    console = Console()
+    console = Console() if fmt == "table" else err  # csv/json: stdout holds only the table
     c = report.conformance
     share = "-" if c["share"] is None else f"{c['share'] * 100:.2f}%"
     console.print(f"[bold]{escape(report.run)}[/bold]: {c['matching_steps']}/{c['steps']} steps replay to the logged "
@@ -153,7 +155,7 @@ def _print(report) -> None:
                   _interval(w["accepted_tokens_mean"], w["accepted_tokens_lo"], w["accepted_tokens_hi"], 2),
                   f"{w['acc_len_mean']:.3f}", f"{w['step_ms_mean']:.2f}",
                   _interval(w["tokens_per_s"], w["tokens_per_s_lo"], w["tokens_per_s_hi"], 0), escape(src))
-    console.print(t)
+    print_table(t, fmt)
     for note in report.notes:
         console.print(f"note: {escape(note)}")
 

@@ -67,7 +67,7 @@ def empty_store_notice(ds: DataSource) -> None:
     st.info(
         f"The data root `{ds.root}` {where}. Collect something first:\n\n"
         f"* a self-contained demo on the embedded emulator (about a minute):\n"
-        f"  `dspark-obs demo --quick --no-dashboard --out {cli_root(ds)}`\n"
+        f"  `dspark-obs demo --quick --out {cli_root(ds)}`\n"
         f"* or attach to a running SGLang DSpark server and drive traffic:\n"
         f"  `dspark-obs collect --url http://127.0.0.1:30000 --out {cli_root(ds)} --workload gsm8k,poetry`\n\n"
         f"Then reload this page; it picks up new files automatically.",
