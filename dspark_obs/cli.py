@@ -479,6 +479,7 @@ def demo(
     no_dashboard: bool = typer.Option(False, "--no-dashboard", hidden=True, help="The default now (kept for old scripts)."),
     seed: int = typer.Option(0, callback=in_range(0), help="Seed of the emulator and the traffic."),
     model: Optional[str] = typer.Option(None, help="Run the demo on a real model (smollm2-135m; see `emulate --model`) with real prompts."),
+    format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP + "; csv/json go to stdout, the rest to stderr"),
 ) -> None:
     """Emulate a DSpark server, collect a compact run and its cap-accept companion, summarise, and exit.
 
@@ -487,6 +488,7 @@ def demo(
     """
     from dspark_obs.demo import run_demo
 
+    check_format(format)
     if serve and no_dashboard:
         _fail("--serve and --no-dashboard contradict each other; give one (the default does not serve)")
     if out.exists() and not out.is_dir():
@@ -502,7 +504,7 @@ def demo(
         except weights.ModelExtraMissing as exc:
             _fail(str(exc))
     try:
-        run_demo(out, quick=quick, seed=seed, serve_dashboard=serve, console=console, model=model)
+        run_demo(out, quick=quick, seed=seed, serve_dashboard=serve, console=console, model=model, fmt=format)
     except Exception as exc:
         _fail(f"demo failed: {exc}", code=1)
 

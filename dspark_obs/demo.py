@@ -27,7 +27,7 @@ WORKLOADS = ["gsm8k", "arena-hard", "poetry"]
 
 
 def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: bool = False,
-             console: Console | None = None, model: str | None = None) -> dict[str, str]:
+             console: Console | None = None, model: str | None = None, fmt: str = "table") -> dict[str, str]:
     """Collect a compact run and its cap-accept companion into ``out``; return their run ids.
 
     With ``model`` (``smollm2-135m``) the server runs the real model on real prompts, fewer and
@@ -65,8 +65,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
                       f"{summary.requests} requests, {summary.gaps} gaps")
         if mode == "cap-accept":
             console.print(f"  {format_summary(report.summary)}")
-    _print_windows(store, console)
-    analyse(store, runs["compact"], runs["cap-accept"], console=console)
+    _print_windows(store, console, fmt)
+    analyse(store, runs["compact"], runs["cap-accept"], console=console, fmt=fmt)
     write_report(out, runs["compact"], png=not quick, console=console)
     console.print(
         f"\nData in [bold]{out}[/bold]. Next:\n"
@@ -99,7 +99,7 @@ def _model_requests(n: int, *, max_new_tokens: int, seed: int) -> list:
                            0.7, max_new_tokens, int(rng.integers(0, 2**31 - 1))) for i in range(n)]
 
 
-def analyse(store: Store, compact: str, companion: str, *, console: Console) -> None:
+def analyse(store: Store, compact: str, companion: str, *, console: Console, fmt: str = "table") -> None:
     """Run the estimator stages on a compact run and its companion; print what they found."""
     from dspark_obs.estimators import calibration, ceiling, costmodel, replay
 
@@ -129,7 +129,7 @@ def analyse(store: Store, compact: str, companion: str, *, console: Console) -> 
     for w, acc, mid, lo, hi, util, ulo, uhi, e_obs, e_comp in rows:
         table.add_row(w, f"{acc:.2f}", f"{mid:.2f} [{lo:.2f}, {hi:.2f}]", f"{util:.3f} [{ulo:.3f}, {uhi:.3f}]",
                       "-" if e_obs is None else f"{e_obs:.3f}", "-" if e_comp is None else f"{e_comp:.3f}")
-    print_table(table, out=console)
+    print_table(table, fmt, out=console)
     conf = con.execute("SELECT share FROM replay_conformance WHERE run_id = $run", {"run": compact}).fetchall()
     cost = con.execute("SELECT mape FROM costmodel_error WHERE model = 'fitted' AND bs_bucket = '*' "
                        "AND run_id = $run", {"run": compact}).fetchall()
@@ -137,7 +137,7 @@ def analyse(store: Store, compact: str, companion: str, *, console: Console) -> 
                   f"fitted cost model MAPE {cost[0][0]:.1%}" if conf and cost else "")
 
 
-def _print_windows(store: Store, console: Console) -> None:
+def _print_windows(store: Store, console: Console, fmt: str = "table") -> None:
     con = sqlmod.connect(store.root)
     result = sqlmod.query(con, "window_by_workload").to_pylist()
     table = Table(title="Verify windows per workload (window = verify_len - 1)")
@@ -147,7 +147,7 @@ def _print_windows(store: Store, console: Console) -> None:
         table.add_row(*(f"{row.get(c):.3f}" if isinstance(row.get(c), float) else str(row.get(c))
                         for c in ("run_id", "workload", "steps", "mean_window", "full_window_share",
                                   "share_le3", "mean_acc_len")))
-    print_table(table, out=console)
+    print_table(table, fmt, out=console)
 
 
 def write_report(out: Path, run_id: str, *, png: bool, console: Console) -> Path | None:

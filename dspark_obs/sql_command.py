@@ -56,6 +56,10 @@ def render(table, fmt: str, width: int) -> str:
         return text
     if table.num_columns * 11 + 1 <= width:
         return sqlmod.format_result(table, "table", width=width)
+    if table.num_rows == 0:
+        import textwrap
+
+        return textwrap.fill(f"no rows; columns: {', '.join(table.column_names)}", width)
     return _expanded(table, width)
 
 
@@ -122,6 +126,8 @@ def run_sql_command(data: Path, query: str, params: dict[str, Any], *, fmt: str,
              "or raise --timeout")
     except PermissionError as exc:
         fail(str(exc))
+    except ValueError as exc:
+        fail(f"--param: {exc}" if str(exc).startswith("unknown parameters") else f"query failed: {exc}")
     except Exception as exc:  # duckdb errors carry the position of the mistake
         fail(f"query failed: {exc}")
     total = table.num_rows

@@ -145,6 +145,27 @@ def test_unicode_labels_print_as_text_in_every_format(demo_store):
         assert result.stdout.count("Genève") == 2 and "\\u00e8" not in result.stdout, (fmt, result.stdout)
 
 
+def test_every_commands_help_renders_at_80_columns():
+    import typer
+
+    for name in typer.main.get_command(app).commands:
+        result = _invoke([name, "--help"])
+        assert result.exit_code == 0 and "Usage" in result.output, name
+        assert "--list" not in result.output, name
+
+
+def test_make_demo_does_not_serve_and_make_dashboard_does():
+    from pathlib import Path
+
+    blocks = (Path(__file__).resolve().parents[1] / "Makefile").read_text().split("\n\n")
+
+    def recipe(target: str) -> str:
+        return next(b for b in blocks if f"\n{target}:" in "\n" + b)
+
+    assert "dspark-obs demo" in recipe("demo") and "--serve" not in recipe("demo")
+    assert "dspark-obs dashboard --data" in recipe("dashboard")
+
+
 def test_help_names_no_list_option_and_points_to_queries():
     result = _invoke(["sql", "--help"])
     assert "--list" not in result.output and "dspark-obs queries" in " ".join(result.output.split())
@@ -181,11 +202,19 @@ BAD_INPUTS = {
     "sql view as name": (["sql", "--data", "{tmp}", "steps"], ["'steps' is a view", "select * from steps"]),
     "sql param": (["sql", "--data", "{tmp}", "--param", "foo", "select 1"],
                   ["--param expects NAME=VALUE, got 'foo'"]),
+    "sql unknown param": (["sql", "--data", "{tmp}", "--param", "foo=1", "window_by_workload"],
+                          ["--param: unknown parameters ['foo'] for 'window_by_workload'"]),
     "sql max rows": (["sql", "--data", "{tmp}", "--max-rows", "-1", "select 1"], ["'--max-rows'", "-1", "x>=0"]),
     "sql timeout": (["sql", "--data", "{tmp}", "--timeout", "0", "select 1"], ["'--timeout'", "0", "x>0"]),
     "calibrate format": (["calibrate", "--data", "{tmp}", "--run", "r", "--format", "xml"],
                          ["--format 'xml' is not one of table, csv, json"]),
     "queries format": (["queries", "--format", "yaml"], ["--format 'yaml' is not one of table, csv, json"]),
+    "companion sample": (["companion", "--of", "r", "--url", "http://127.0.0.1:9", "--out", "{tmp}", "--sample", "0"],
+                         ["'--sample'", "0", "x>=1"]),
+    "companion fraction": (["companion", "--of", "r", "--url", "http://127.0.0.1:9", "--out", "{tmp}",
+                            "--fraction", "2"], ["'--fraction'", "2", "0<=x<=1"]),
+    "report bootstrap": (["report", "--data", "{tmp}", "--out", "{tmp}/r", "--bootstrap", "-1"],
+                         ["'--bootstrap'", "-1", "x>=0"]),
 }
 
 
@@ -273,3 +302,15 @@ def test_print_table_csv_and_json_carry_plain_cells():
         print_table(table, "json")
     assert json.loads(buf.getvalue()) == {"table": "T x", "rows": [{"k": 1, "observed ECE": 0.0123},
                                                                      {"k": 2, "observed ECE": None}]}
+
+
+def test_demo_tables_print_as_json_on_stdout_with_format_json(demo_store, capsys):
+    from dspark_obs import demo
+    from dspark_obs.store import Store
+
+    out, _ = demo_store
+    demo._print_windows(Store(out), console_mod.console, "json")
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["table"].startswith("Verify windows per workload")
+    assert {r["workload"] for r in doc["rows"]} == {"gsm8k", "arena-hard", "poetry"}
+    assert all(isinstance(r["steps"], int) for r in doc["rows"])

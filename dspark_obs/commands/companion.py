@@ -165,23 +165,25 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def register(app: typer.Typer) -> None:
+    from dspark_obs.console import in_range, positive
+
     @app.command()
     def companion(
         of: str = typer.Option(..., "--of", help="Run to replay (its requests, prompts and sampling seeds)."),
         url: str = typer.Option(..., help="Base URL of the cap-accept server (SGLANG_RAGGED_VERIFY_MODE=cap-accept), e.g. http://127.0.0.1:30001."),
         out: str = typer.Option(..., help="Data root holding RUN; the companion run is written there too."),
         run_id: Optional[str] = typer.Option(None, help="Companion run id (default: RUN-cap-YYYYmmddTHHMMSS, UTC)."),
-        sample: Optional[int] = typer.Option(None, help="Replay a seeded uniform sample of N requests (in their original order)."),
-        fraction: Optional[float] = typer.Option(None, help="Replay this share (0, 1] of the requests instead of --sample."),
+        sample: Optional[int] = typer.Option(None, callback=in_range(1), help="Replay a seeded uniform sample of N requests (in their original order)."),
+        fraction: Optional[float] = typer.Option(None, callback=in_range(0.0, 1.0), help="Replay this share (0, 1] of the requests instead of --sample."),
         seed: int = typer.Option(0, help="Seed of --sample / --fraction."),
-        concurrency: Optional[int] = typer.Option(None, help="Requests in flight (default: the run's, from requests.concurrency, its labels or its steps)."),
+        concurrency: Optional[int] = typer.Option(None, callback=in_range(1), help="Requests in flight (default: the run's, from requests.concurrency, its labels or its steps)."),
         log_requests: Optional[Path] = typer.Option(None, help="Inputs from SGLang's request log (--log-requests --log-requests-format json --log-requests-level 3), for runs observed in attach mode."),
         prompts: Optional[Path] = typer.Option(None, help="Inputs from a JSONL of {rid, text | input_ids, sampling_params?, output_ids?}."),
         rid_suffix: str = typer.Option("", help="Append this to each rid for its replay (default: rids unchanged)."),
         rid_pattern: Optional[str] = typer.Option(None, help="Regex with a group naming the workload in a rid, for file inputs (default: WORKLOAD-NUMBER, e.g. gsm8k-000017)."),
         label: list[str] = typer.Option([], help="KEY=VALUE label stored on the companion run; repeatable."),
-        poll_interval: float = typer.Option(1.0, help="Seconds between /server_info polls."),
-        flush_interval: float = typer.Option(5.0, help="Seconds between Parquet commits."),
+        poll_interval: float = typer.Option(1.0, callback=positive, help="Seconds between /server_info polls (> 0)."),
+        flush_interval: float = typer.Option(5.0, callback=positive, help="Seconds between Parquet commits (> 0)."),
     ) -> None:
         """Replay a run's requests on a cap-accept server and pair the steps: the ceiling's truth.
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.console import fail
+from dspark_obs.console import fail, in_range
 
 
 def _parse_now(value: Optional[str]) -> Optional[dt.datetime]:
@@ -47,7 +47,7 @@ def report(
                                                                       "`reports` table."),
     recompute: bool = typer.Option(False, help="Re-run estimate, calibrate and costmodel for the reported runs "
                                                "even when their tables exist."),
-    bootstrap: Optional[int] = typer.Option(None, help="Bootstrap resamples behind CIs and drift tests "
+    bootstrap: Optional[int] = typer.Option(None, callback=in_range(0), help="Bootstrap resamples behind CIs and drift tests "
                                                        "(default: [report].n_bootstrap, 1000)."),
     now: Optional[str] = typer.Option(None, help="Reference time for --since, ISO 8601 (default: now); for "
                                                  "reproducible reports."),
