@@ -160,6 +160,10 @@ def write_report(out: Path, run_id: str, *, png: bool, console: Console) -> Path
     except (InputError, ThresholdsError) as exc:
         console.print(f"[yellow]report not written:[/yellow] {exc}")
         return None
+    pngs = any((target / "figures").glob("*.png"))
     console.print(f"report: [bold]{target / 'report.html'}[/bold] (also summary.md, summary.json"
-                  f"{', figures/*.png' if png else ''}) — {result.stderr_line()}")
+                  f"{', figures/*.png' if pngs else ''}) — {result.stderr_line()}", soft_wrap=True)
+    if png and not pngs:
+        console.print("no PNG figures: their export needs Chromium (make chromium, or apt-get install -y "
+                      "chromium); the HTML report has every chart", soft_wrap=True)
     return target

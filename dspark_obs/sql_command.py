@@ -120,7 +120,8 @@ def run_sql_command(data: Path, query: str, params: dict[str, Any], *, fmt: str,
     schema.load_result_schemas()
     check_canned_name(query, sorted(sqlmod.canned_queries()), [*schema.TABLES, "step_reqs_w", "quarantined_files"])
     try:
-        table = sql_readonly.run(data, query, params or None, timeout_s=timeout_s, limit=limit)
+        table = sql_readonly.run(data, query, params or None, limit=limit,
+                                 timeout_s=max(timeout_s - (time.monotonic() - start), 1e-3))
     except sqlmod.QueryTimeout:
         fail(f"the query exceeded --timeout {timeout_s:g} s and was interrupted; narrow it with WHERE/LIMIT "
              "or raise --timeout")

@@ -314,3 +314,13 @@ def test_demo_tables_print_as_json_on_stdout_with_format_json(demo_store, capsys
     assert doc["table"].startswith("Verify windows per workload")
     assert {r["workload"] for r in doc["rows"]} == {"gsm8k", "arena-hard", "poetry"}
     assert all(isinstance(r["steps"], int) for r in doc["rows"])
+
+
+def test_sql_deadline_interrupts_what_runs_after_the_query():
+    import time
+
+    from dspark_obs.sql_command import deadline
+
+    with pytest.raises(TimeoutError, match="while printing"):
+        with deadline(0.05, "exceeded --timeout 0.05 s while printing 100 rows"):
+            time.sleep(60)  # the printing, standing in: only the alarm ends it early

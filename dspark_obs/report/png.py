@@ -21,7 +21,10 @@ __all__ = ["export_pngs"]
 def _kaleido_session():
     """A persistent kaleido browser while the block runs (a no-op where kaleido cannot start one)."""
     browser = find_chromium()
-    if browser and not os.environ.get("BROWSER_PATH"):
+    if browser is None:  # kaleido's server thread would die with a traceback; figure_png names the fix
+        yield
+        return
+    if not os.environ.get("BROWSER_PATH"):
         os.environ["BROWSER_PATH"] = browser
     started = False
     try:
