@@ -306,11 +306,11 @@ def _run_collector(store, opts, total_requests: Optional[int], *, metrics_port: 
                                   concurrency=opts.drive.concurrency if opts.drive else 1,
                                   emit=lambda text: console.print(text, soft_wrap=True, highlight=False))
     try:
-        with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        with Progress(TextColumn("[bold]{task.description}"), BarColumn(bar_width=10), MofNCompleteColumn(),
                       TextColumn("{task.fields[steps]} steps, {task.fields[rows]} rows stored, "
                                  "{task.fields[gaps]} gaps"), TimeElapsedColumn(),
                       console=console, disable=not show, transient=True) as progress:
-            task = progress.add_task(f"collecting {opts.run_id}", total=total_requests, steps=0, rows=0, gaps=0)
+            task = progress.add_task(opts.run_id, total=total_requests, steps=0, rows=0, gaps=0)
             if show:
                 on_progress.bar = (progress, task)
 

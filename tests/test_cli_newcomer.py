@@ -324,3 +324,17 @@ def test_sql_deadline_interrupts_what_runs_after_the_query():
     with pytest.raises(TimeoutError, match="while printing"):
         with deadline(0.05, "exceeded --timeout 0.05 s while printing 100 rows"):
             time.sleep(60)  # the printing, standing in: only the alarm ends it early
+
+
+def test_readme_first_ten_minutes_names_only_commands_that_exist():
+    import re
+    from pathlib import Path
+
+    import typer
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## First ten minutes", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"dspark-obs ([a-z]+)", section))
+    assert {"dashboard", "queries", "sql", "estimate", "calibrate", "collect"} <= named
+    assert named <= set(typer.main.get_command(app).commands)
+    assert "make demo" in section and "make dashboard" in section
