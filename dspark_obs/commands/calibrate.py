@@ -143,7 +143,10 @@ def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap,
         fail(f"--recalibrate: {exc}")
     print_table(_recalibration_table(result), fmt)
     best = result.best_bias_capable()
-    err.print(f"held-out mean ECE: " + ", ".join(f"{m} {result.mean_ece(m):.4f}" for m in rc.METHODS)
+    brier = {m: [r["brier"] for r in result.rows if r["method"] == m and r["workload"] == "*" and r["brier"] is not None]
+             for m in rc.METHODS}
+    err.print("held-out mean ECE: " + ", ".join(f"{m} {result.mean_ece(m):.4f}" for m in rc.METHODS)
+              + "; mean Brier: " + ", ".join(f"{m} {sum(v) / len(v):.4f}" for m, v in brier.items() if v)
               + f"; best bias-capable: {best}. Rows in table recalibration ({kind} labels, seed {seed}).")
     if out is not None:
         try:
