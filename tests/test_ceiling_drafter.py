@@ -53,3 +53,18 @@ def test_too_few_drafts_keep_the_raw_head():
     m = fit_drafter_map(q, q, np.ones((5, GAMMA), np.int8), np.full(5, GAMMA), np.full(5, GAMMA), np.ones(5, bool))
     assert not m.fitted
     np.testing.assert_allclose(m.q(q), q)
+
+
+def test_the_binned_prior_is_each_bins_verified_rate_shrunk_to_the_pooled_one():
+    from dspark_obs.estimators.ceiling_prior import fit_binned_prior
+
+    # 2 positions, all windows full: position 1 accepts every low-confidence draft, position 2 none
+    n = 200
+    conf = np.column_stack([np.r_[np.full(n // 2, 0.1), np.full(n // 2, 0.9)]] * 2)
+    correct = np.r_[np.full(n // 2, 1), np.full(n // 2, 2)]        # low: d_1 accepted, d_2 rejected; high: both
+    prior = fit_binned_prior(conf, np.full(n, 2), correct, np.ones(n, bool), n_bins=2)
+    # low bin: position 1 saw 100 of 100, position 2 saw 0 of 100; pooled 0.5, overall 0.75
+    pooled = (100 + 20 * 0.75) / (200 + 20)
+    np.testing.assert_allclose(prior.prior(np.array([[0.1, 0.1]]))[0],
+                               [(100 + 20 * pooled) / 120, (0 + 20 * pooled) / 120])
+    assert fit_binned_prior(conf[:10], np.full(10, 2), correct[:10], np.ones(10, bool)) is None

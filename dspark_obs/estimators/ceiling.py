@@ -29,8 +29,11 @@ is hidden.  This module estimates it per request-step from the committed output
     which of the two explains the verified outcomes better (log-likelihood) is
     chosen per run;
   - ``a_k`` is exact where SGLang's JSONL gives ``q_k``; past a divergence the
-    unverifiable rest is accepted with the head's calibrated conditional
-    confidence in ``mid`` and between none and all in ``lo``/``hi`` (none after
+    unverifiable rest is accepted in ``mid`` at the verified drafts' rate in
+    the same confidence bin and position (:class:`~ceiling_prior.BinnedPrior`;
+    a drafter's probability is no acceptance probability, so no shape is
+    assumed) with the drafter map, else with the head's calibrated conditional
+    confidence and between none and all in ``lo``/``hi`` (none after
     EOS).  That band is what the data support: the acceptance ``min(1, p/q̂)``
     of the run's verified drafts spreads over all of [0, 1] at every position
     (its 2.5% and 97.5% quantiles are 0 and 1 on a drafter-probability head),
@@ -71,7 +74,8 @@ from dspark_obs.estimators import sampling
 from dspark_obs.estimators.ceiling_drafter import DrafterMap, fit_drafter_map
 from dspark_obs.estimators.ceiling_evidence import Evidence, draft_evidence, token_index
 from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model, training_mask
+from dspark_obs.estimators.ceiling_prior import (AcceptanceModel, BinnedPrior, fit_acceptance_model, fit_binned_prior,
+                                                 training_mask)
 from dspark_obs.estimators.ceiling_walk import (CATEGORIES, Walk, ceiling_from_factors, position_survival,
                                                 sglang_interval, walk_blocks)
 
@@ -212,6 +216,7 @@ def estimate_ceiling(
     model: AcceptanceModel | None = None,
     drafter: DrafterMap | None = None,
     use_drafter: bool | None = None,
+    binned_prior: BinnedPrior | None = None,
 ) -> CeilingEstimate:
     """Ceiling ``(lo, mid, hi)`` in drafts (0..gamma) for each request-step.
 
@@ -238,6 +243,10 @@ def estimate_ceiling(
         Whether the drafter map (rather than the acceptance model) gives the
         walked drafts' ``a_k``; by default the one that explains these steps'
         verified outcomes better (:func:`drafter_explains_better`).
+    binned_prior : BinnedPrior, optional
+        With the drafter map, the sampled drafts past a divergence are accepted
+        at the verified drafts' rate in their confidence bin; by default fitted
+        on these steps.
 
     Returns ``lo``, ``mid``, ``hi`` and ``survival`` (``[n, gamma]``, the
     per-position terms ``mid`` sums: the reconstructed calibration labels).
@@ -303,6 +312,10 @@ def estimate_ceiling(
     a_hi = np.where(g, eq, np.where(known, exact, a_hi))
     a_mid = np.where(g, eq, np.where(known, exact, np.clip(mapped, a_lo, a_hi)))
     prior = model.prior(conf, greedy)
+    if use_drafter:
+        binned_prior = binned_prior or fit_binned_prior(conf, window, correct, ~greedy)
+        if binned_prior is not None:
+            prior = np.where(g, prior, binned_prior.prior(conf))
     lo = ceiling_from_factors(walk, a_lo, tail=_TAIL_LO)
     hi = ceiling_from_factors(walk, a_hi, tail=_TAIL_HI)
     mid = ceiling_from_factors(walk, a_mid, tail=prior)

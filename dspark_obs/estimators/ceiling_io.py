@@ -26,7 +26,7 @@ from dspark_obs.estimators.ceiling_drafter import DrafterMap, fit_drafter_map
 from dspark_obs.estimators.ceiling_chunks import (ALL, DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS, Chunk, plan_chunks,
                                                   sample_requests)
 from dspark_obs.estimators.ceiling_evidence import check_alignment, draft_evidence, padded_lists, token_index
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model
+from dspark_obs.estimators.ceiling_prior import AcceptanceModel, BinnedPrior, fit_acceptance_model, fit_binned_prior
 from dspark_obs.estimators.ceiling_walk import CATEGORIES
 from dspark_obs.store import validate_run_id
 
@@ -342,6 +342,7 @@ class _Models:
     acceptance: AcceptanceModel
     drafter: DrafterMap
     use_drafter: bool
+    binned: BinnedPrior | None
 
 
 def _fit(x: _Inputs) -> _Models:
@@ -349,7 +350,7 @@ def _fit(x: _Inputs) -> _Models:
     model = fit_acceptance_model(x.conf, x.window, x.correct, x.greedy, p_topk=ev.p_topk, topk_state=ev.topk_state)
     drafter = fit_drafter_map(x.conf, ev.p_draft, ev.topk_state, x.window, x.correct, ~x.greedy)
     use = drafter_explains_better(drafter, model, x.conf, ev.p_draft, ev, x.window, x.correct, ~x.greedy)
-    return _Models(model, drafter, use)
+    return _Models(model, drafter, use, fit_binned_prior(x.conf, x.window, x.correct, ~x.greedy))
 
 
 def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprobs, n_bootstrap: int,
@@ -471,7 +472,7 @@ def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, ga
     est = estimate_ceiling(x.drafts, x.window, x.correct, x.aligned.evidence, greedy=x.greedy,
                            natural_end=x.aligned.natural_end, confidence=x.conf, q_draft=q_draft, p_draft=p_draft,
                            method=method, model=model.acceptance, drafter=model.drafter,
-                           use_drafter=model.use_drafter)
+                           use_drafter=model.use_drafter, binned_prior=model.binned)
     ceiling = _ceiling_table(x.steps, est, x, method)
     workload = pc.fill_null(x.steps.column("workload"), "unknown").to_numpy(zero_copy_only=False)
     truth, source = _truth(con, run_id, x.steps, mode, companion, chunk)

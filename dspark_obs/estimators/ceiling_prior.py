@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["AcceptanceModel", "fit_acceptance_model", "training_mask"]
+__all__ = ["AcceptanceModel", "fit_acceptance_model", "training_mask", "BinnedPrior", "fit_binned_prior"]
 
 _EPS_C = 1e-4
 _MIN_ROWS = 50
@@ -193,3 +193,54 @@ def fit_acceptance_model(
             draft_coef = _fit_logistic(x, y, pen)
     return AcceptanceModel(gamma=gamma, draft_coef=draft_coef, prior_coef=prior_coef,
                            base_rate=base_rate, n_train=n_train)
+
+
+@dataclass(frozen=True)
+class BinnedPrior:
+    """Acceptance rate of verified drafts per position and bin of the confidence, shrunk to the pooled bin.
+
+    No shape is assumed between confidence and acceptance: a drafter's
+    probability of its draft is not an acceptance probability (a draft it was
+    unsure of is often accepted, ``min(1, p/q)`` being large when ``q`` is
+    small), so a logistic in ``logit(c)`` extrapolates badly to the low
+    confidences of trimmed drafts.  Bins are equal-mass over the verified
+    drafts' confidences; a bin's rate borrows ``_PSEUDO`` drafts from the
+    pooled (all positions) rate of the same bin.
+    """
+
+    edges: np.ndarray        # [n_bins + 1] confidence edges (first -inf, last +inf)
+    rate: np.ndarray         # [gamma, n_bins] shrunk acceptance rate
+    fallback: float          # the verified drafts' overall rate (missing confidences)
+
+    def prior(self, confidence: np.ndarray) -> np.ndarray:
+        c = np.asarray(confidence, dtype=np.float64)
+        b = np.clip(np.searchsorted(self.edges, np.nan_to_num(c, nan=0.5), side="right") - 1, 0, self.rate.shape[1] - 1)
+        k = np.broadcast_to(np.arange(c.shape[1])[None, :], c.shape)
+        return np.where(np.isnan(c), self.fallback, self.rate[k, b])
+
+
+_PSEUDO = 20.0
+
+
+def fit_binned_prior(confidence: np.ndarray, window: np.ndarray, correct: np.ndarray, sampled: np.ndarray,
+                     *, n_bins: int = 10) -> BinnedPrior | None:
+    """:class:`BinnedPrior` from the verified drafts of sampled steps; None with fewer than 50 of them."""
+    c = np.asarray(confidence, dtype=np.float64)
+    n, gamma = c.shape
+    verified, accepted = training_mask(window, correct, gamma)
+    use = verified & np.asarray(sampled, dtype=bool)[:, None] & ~np.isnan(c)
+    if use.sum() < _MIN_ROWS:
+        return None
+    inner = np.unique(np.quantile(c[use], np.linspace(0, 1, n_bins + 1)[1:-1]))
+    edges = np.concatenate([[-np.inf], inner, [np.inf]])
+    nb = edges.size - 1
+    b = np.clip(np.searchsorted(edges, c, side="right") - 1, 0, nb - 1)
+    k = np.broadcast_to(np.arange(gamma)[None, :], c.shape)
+    cell = (k * nb + b)[use]
+    y = accepted[use].astype(np.float64)
+    hits = np.bincount(cell, weights=y, minlength=gamma * nb).reshape(gamma, nb)
+    count = np.bincount(cell, minlength=gamma * nb).reshape(gamma, nb).astype(np.float64)
+    overall = float(y.mean())
+    pooled = (hits.sum(0) + _PSEUDO * overall) / (count.sum(0) + _PSEUDO)
+    rate = (hits + _PSEUDO * pooled[None, :]) / (count + _PSEUDO)
+    return BinnedPrior(edges=edges, rate=rate, fallback=overall)
