@@ -5,7 +5,6 @@ import io
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 from typer.testing import CliRunner
@@ -19,11 +18,9 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
-    t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-m", "dspark_obs.cli", "demo", "--quick", "--no-dashboard",
                            "--out", str(out)], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - t0 < 120
+    assert proc.returncode == 0, proc.stderr   # its duration is a benchmark figure (bench/), not a test
     return out, proc.stderr
 
 
