@@ -16,7 +16,6 @@ import typer
 
 from dspark_obs.commands.estimate import step_progress
 from dspark_obs.console import FORMAT_HELP, check_format, fail, print_table
-from rich.console import Console
 from rich.table import Table
 
 LABEL_CHOICES = ("observed", "reconstructed", "companion", "all")

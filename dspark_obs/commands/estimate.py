@@ -17,7 +17,6 @@ import typer
 
 from dspark_obs.console import FORMAT_HELP, check_format, fail, print_table
 from rich import box
-from rich.console import Console
 from rich.table import Table
 
 from dspark_obs.console import console as err  # noqa: E402

@@ -235,6 +235,33 @@ class _Rank:
         return True
 
     # -- decode ------------------------------------------------------------
+    def plan_windows(self, rids: list[str], surv: np.ndarray) -> tuple[np.ndarray, Any]:
+        """``(verify_len [bs], budget decision or None)`` of one decode step, as SGLang's planner makes them.
+
+        The budget comes from the survivals ``lag_steps`` decode steps back
+        (fresh requests count as survival 1), the windows from the current ones;
+        static mode verifies every block whole.  Both engines plan through here.
+        """
+        cfg = self.engine.cfg
+        gamma, bs = cfg.gamma, len(rids)
+        sched = ScheduleConfig(gamma=gamma)
+        decision = None
+        if cfg.mode == "static":
+            verify_lens = np.full(bs, gamma + 1, dtype=np.int32)
+        else:
+            hist = np.ones((bs, gamma), dtype=np.float32)
+            if len(self.survival_history) == cfg.lag_steps:
+                lagged_index, lagged_surv = self.survival_history[0]
+                at = [(i, j) for i, j in enumerate(map(lagged_index.get, rids)) if j is not None]
+                if at:
+                    hist[[i for i, _ in at]] = lagged_surv[[j for _, j in at]]
+            table = cfg.sps_table or ct.uninitialized_table(max_batch_tokens=cfg.max_running_requests * (gamma + 1))
+            decision = verify_token_budget(hist, table, sched)
+            verify_lens = verify_lens_topk(surv, decision.budget, sched)
+        # Each request's survival row by rid (the last row wins for a repeated rid).
+        self.survival_history.append((dict(zip(rids, range(bs))), surv))
+        return verify_lens, decision
+
     def decode(self) -> bool:
         if not self.running:
             return False
@@ -260,23 +287,8 @@ class _Rank:
         # the logged confidences plans exactly what the engine planned.
         conf = np.round(drafts.confidence.astype(np.float64), 4).astype(np.float32)
         surv = survival_from_confidence(conf)
-        sched = ScheduleConfig(gamma=gamma)
-        budget = decision = None
-        if cfg.mode == "static":
-            verify_lens = np.full(bs, gamma + 1, dtype=np.int32)
-        else:
-            hist = np.ones((bs, gamma), dtype=np.float32)
-            if len(self.survival_history) == cfg.lag_steps:
-                lagged_index, lagged_surv = self.survival_history[0]
-                at = [(i, j) for i, j in enumerate(map(lagged_index.get, rids)) if j is not None]
-                if at:
-                    hist[[i for i, _ in at]] = lagged_surv[[j for _, j in at]]
-            table = cfg.sps_table or ct.uninitialized_table(max_batch_tokens=cfg.max_running_requests * (gamma + 1))
-            decision = verify_token_budget(hist, table, sched)
-            budget = decision.budget
-            verify_lens = verify_lens_topk(surv, budget, sched)
-        # Each request's survival row by rid (the last row wins for a repeated rid).
-        self.survival_history.append((dict(zip(rids, range(bs))), surv))
+        verify_lens, decision = self.plan_windows(rids, surv)
+        budget = None if decision is None else decision.budget
 
         total_verify = int(verify_lens.sum())
         if cfg.mode == "compact":

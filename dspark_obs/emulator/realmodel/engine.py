@@ -32,12 +32,11 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from dspark_obs import costtable as ct
 from dspark_obs.acceptance import expected_given_window
 from dspark_obs.emulator import engine as base
 from dspark_obs.emulator.realmodel import coupling
 from dspark_obs.emulator.realmodel.pair import DEFAULT_DROP, Caches, ModelPair
-from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
+from dspark_obs.scheduler import survival_from_confidence
 
 MODEL_NAMES = ("smollm2-135m",)
 
@@ -259,22 +258,8 @@ class _RealRank(base._Rank):
         conf = np.round(raw_conf, 4).astype(np.float32)
         surv = survival_from_confidence(conf)
         rids = [r.req.rid for r in batch]
-        sched = ScheduleConfig(gamma=gamma)
-        budget = decision = None
-        if cfg.mode == "static":
-            verify_lens = np.full(bs, gamma + 1, dtype=np.int32)
-        else:
-            hist = np.ones((bs, gamma), dtype=np.float32)
-            if len(self.survival_history) == cfg.lag_steps:
-                lagged_index, lagged_surv = self.survival_history[0]
-                at = [(i, j) for i, j in enumerate(map(lagged_index.get, rids)) if j is not None]
-                if at:
-                    hist[[i for i, _ in at]] = lagged_surv[[j for _, j in at]]
-            table = cfg.sps_table or ct.uninitialized_table(max_batch_tokens=cfg.max_running_requests * (gamma + 1))
-            decision = verify_token_budget(hist, table, sched)
-            budget = decision.budget
-            verify_lens = verify_lens_topk(surv, budget, sched)
-        self.survival_history.append((dict(zip(rids, range(bs))), surv))
+        verify_lens, decision = self.plan_windows(rids, surv)
+        budget = None if decision is None else decision.budget
         total_verify = int(verify_lens.sum())
         if cfg.mode == "compact":
             num_verify_tokens = next((t for t in eng.capture_tiers if t >= total_verify), total_verify)
