@@ -15,7 +15,7 @@ from typing import Optional
 import typer
 
 from dspark_obs.commands.estimate import step_progress
-from dspark_obs.console import FORMAT_HELP, check_format, fail, print_table
+from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
 from rich.table import Table
 
 LABEL_CHOICES = ("observed", "reconstructed", "companion", "all")
@@ -32,7 +32,7 @@ def calibrate(
                                            "(all = every kind the store supports for this run)."),
     companion: Optional[str] = typer.Option(None, help="Cap-accept companion run for --labels companion "
                                                        "(default: the run stored with companion_of = RUN)."),
-    bootstrap: int = typer.Option(1000, help="Request-level bootstrap resamples for the ECE's 95% CI (ECE ± 1.96 bootstrap SE, as the report draws it); 0 = no CI."),
+    bootstrap: int = typer.Option(1000, callback=in_range(0), help="Request-level bootstrap resamples for the ECE's 95% CI (ECE ± 1.96 bootstrap SE, as the report draws it); 0 = no CI."),
     seed: int = typer.Option(0, help="Seed of the bootstrap (same seed, same interval)."),
     fit_sts: Optional[Path] = typer.Option(None, "--fit-sts", help="Also fit STS temperatures and write SGLang's "
                                            "JSON here (serve it with --speculative-dspark-confidence-sts-path)."),
@@ -88,8 +88,6 @@ def calibrate(
     check_format(format)
     if labels not in LABEL_CHOICES:
         fail(f"--labels {labels!r} is not one of {', '.join(LABEL_CHOICES)}")
-    if bootstrap < 0:
-        fail(f"--bootstrap must be >= 0 (0 = no CI), got {bootstrap}")
     if not data.is_dir():
         fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
     current = _read_sts(current_sts) if current_sts is not None else None

@@ -16,6 +16,8 @@ from typing import Optional
 
 import typer
 
+from dspark_obs.console import in_range
+
 
 def register(app: typer.Typer) -> None:
     app.command()(doctor)
@@ -23,7 +25,7 @@ def register(app: typer.Typer) -> None:
 
 def doctor(
     data: Path = typer.Option(..., help="Data root of the store."),
-    mark_crashed_after: Optional[float] = typer.Option(None, help="Close unclosed runs whose newest file is older than this many minutes as crashed (at that file's time); their collectors are gone. Default: only list them."),
+    mark_crashed_after: Optional[float] = typer.Option(None, callback=in_range(0), help="Close unclosed runs whose newest file is older than this many minutes as crashed (at that file's time); their collectors are gone. Default: only list them."),
 ) -> None:
     """Check a store: quarantine unreadable part files, list unclosed runs and leftover .tmp files.
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.console import FORMAT_HELP, check_format, fail, print_table
+from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
 from rich import box
 from rich.table import Table
 
@@ -37,7 +37,7 @@ def estimate(
     sglang_jsonl: Optional[Path] = typer.Option(None, "--sglang-jsonl", help="SGLang's block-accept estimator "
                                                 "JSONL (SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH): its draft "
                                                 "logprobs make a_k = min(1, p/q) exact for the steps it covers."),
-    bootstrap: int = typer.Option(1000, help="Request-level bootstrap resamples for the summary's 95% CIs; 0 = no CI."),
+    bootstrap: int = typer.Option(1000, callback=in_range(0), help="Request-level bootstrap resamples for the summary's 95% CIs; 0 = no CI."),
     seed: int = typer.Option(0, help="Seed of the bootstrap (same seed, same intervals)."),
     temperature: Optional[float] = typer.Option(None, min=0.0, help="Sampling temperature of requests whose run "
                                                 "recorded none (0 = greedy), e.g. a run ingested from /generate "
@@ -84,8 +84,6 @@ def estimate(
     check_format(format)
     if method not in METHOD_CHOICES:
         fail(f"--method {method!r} is not one of {', '.join(METHOD_CHOICES)}")
-    if bootstrap < 0:
-        fail(f"--bootstrap must be >= 0 (0 = no CI), got {bootstrap}")
     if not data.is_dir():
         fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
     con = sqlmod.connect(data)
