@@ -116,7 +116,7 @@ def test_reconstructed_labels_calibrate_like_companion_labels(estimated, temp):
     print(f"\nt={temp}: ECE per position observed {_fmt(by.get('observed'))}, reconstructed "
           f"{_fmt(by['reconstructed'])}, companion {_fmt(by['companion'])}; max |recon - companion| {max(gaps):.3f}")
     assert len(gaps) >= 3
-    assert max(gaps) <= (0.02 if temp == 0 else 0.15)
+    assert max(gaps) <= (0.02 if temp == 0 else 0.06)  # measured 0.004 and 0.018 on the tier's 9 requests
 
 
 def _fmt(values):
