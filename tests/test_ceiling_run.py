@@ -158,7 +158,7 @@ def test_cli_reads_sglang_jsonl(store, tmp_path):
 
 @pytest.mark.parametrize("args, message", [
     (["--method", "best"], "--method 'best' is not one of default, sglang"),
-    (["--bootstrap", "-1"], "--bootstrap must be >= 0"),
+    (["--bootstrap", "-1"], "-1 is not in the range x>=0"),
     (["--run", "nope"], "--run 'nope' has no request-steps"),
     (["--companion", "nope"], "--companion 'nope' has no request-steps"),
     (["--sglang-jsonl", "/nonexistent.jsonl"], "cannot read it"),
