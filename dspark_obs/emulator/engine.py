@@ -144,6 +144,29 @@ def _bump(hist: list[int], i: int) -> None:
     hist[i] += 1
 
 
+def decode_step_record(rank: Any, *, bs: int, decision: Any, num_verify_tokens: int, step_s: float,
+                       draft_s: float, reqs: list[dict]) -> dict[str, Any]:
+    """One decode step's ``DecodeStepRecord`` fields, as SGLang's dumper fills them (both engines).
+
+    ``decision`` is the step's budget decision (None in static mode); ``step_s``
+    and ``draft_s`` the step's and the drafter's seconds.
+    """
+    cfg = rank.engine.cfg
+    budget = None if decision is None else decision.budget
+    return {
+        "forward_ct": rank.forward_ct, "bs": bs, "mode": cfg.mode, "budget": budget,
+        "lag_steps": None if cfg.mode == "static" else cfg.lag_steps,
+        "num_running_reqs": bs, "num_verify_tokens": num_verify_tokens,
+        "verify_tokens_local": -1 if budget is None else min(bs + budget, bs * (cfg.gamma + 1)),
+        "verify_tokens_dp_synced": -1, "verify_tokens_graph_key": num_verify_tokens,
+        "predicted_step_ms": None if decision is None or decision.predicted_step_seconds is None
+        else decision.predicted_step_seconds * 1e3,
+        "predicted_theta": None if decision is None else decision.predicted_theta,
+        "step_gpu_ms": round(step_s * 1e3, 4), "draft_gpu_ms": round(draft_s * 1e3, 4),
+        "target_verify_gpu_ms": round(max(step_s - draft_s, 0.0) * 1e3, 4), "reqs": reqs,
+    }
+
+
 def spec_meta_info(r: Any, *, gamma: int, mode: str, completion: int) -> dict[str, Any]:
     """A finished request's ``spec_*`` fields of ``meta_info``, as SGLang sends them (only when it verified).
 
@@ -288,7 +311,6 @@ class _Rank:
         conf = np.round(drafts.confidence.astype(np.float64), 4).astype(np.float32)
         surv = survival_from_confidence(conf)
         verify_lens, decision = self.plan_windows(rids, surv)
-        budget = None if decision is None else decision.budget
 
         total_verify = int(verify_lens.sum())
         if cfg.mode == "compact":
@@ -378,18 +400,8 @@ class _Rank:
         step_s = true_s * float(np.exp(self.noise_rng.normal(0.0, cfg.step_noise)))
         draft_s = tc.bias_seconds * 0.25 + 2.0e-5 * bs
         self.clock += step_s + cfg.host_overhead_seconds
-        step = {
-            "forward_ct": self.forward_ct, "bs": bs, "mode": cfg.mode, "budget": budget,
-            "lag_steps": None if cfg.mode == "static" else cfg.lag_steps,
-            "num_running_reqs": bs, "num_verify_tokens": num_verify_tokens,
-            "verify_tokens_local": -1 if budget is None else min(bs + budget, bs * (gamma + 1)),
-            "verify_tokens_dp_synced": -1, "verify_tokens_graph_key": num_verify_tokens,
-            "predicted_step_ms": None if decision is None or decision.predicted_step_seconds is None
-            else decision.predicted_step_seconds * 1e3,
-            "predicted_theta": None if decision is None else decision.predicted_theta,
-            "step_gpu_ms": round(step_s * 1e3, 4), "draft_gpu_ms": round(draft_s * 1e3, 4),
-            "target_verify_gpu_ms": round(max(step_s - draft_s, 0.0) * 1e3, 4), "reqs": reqs,
-        }
+        step = decode_step_record(self, bs=bs, decision=decision, num_verify_tokens=num_verify_tokens,
+                                  step_s=step_s, draft_s=draft_s, reqs=reqs)
         self.dumper.observe_decode_step(step)
         if estimator_rows:
             self.estimator.observe_step(self.forward_ct, estimator_rows)

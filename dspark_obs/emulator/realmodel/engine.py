@@ -259,7 +259,6 @@ class _RealRank(base._Rank):
         surv = survival_from_confidence(conf)
         rids = [r.req.rid for r in batch]
         verify_lens, decision = self.plan_windows(rids, surv)
-        budget = None if decision is None else decision.budget
         total_verify = int(verify_lens.sum())
         if cfg.mode == "compact":
             num_verify_tokens = next((t for t in eng.capture_tiers if t >= total_verify), total_verify)
@@ -310,18 +309,8 @@ class _RealRank(base._Rank):
         self.verify_calls += bs
         step_s = time.perf_counter() - t_start
         self._tick()
-        step = {
-            "forward_ct": self.forward_ct, "bs": bs, "mode": cfg.mode, "budget": budget,
-            "lag_steps": None if cfg.mode == "static" else cfg.lag_steps,
-            "num_running_reqs": bs, "num_verify_tokens": num_verify_tokens,
-            "verify_tokens_local": -1 if budget is None else min(bs + budget, bs * (gamma + 1)),
-            "verify_tokens_dp_synced": -1, "verify_tokens_graph_key": num_verify_tokens,
-            "predicted_step_ms": None if decision is None or decision.predicted_step_seconds is None
-            else decision.predicted_step_seconds * 1e3,
-            "predicted_theta": None if decision is None else decision.predicted_theta,
-            "step_gpu_ms": round(step_s * 1e3, 4), "draft_gpu_ms": round(draft_s * 1e3, 4),
-            "target_verify_gpu_ms": round(max(step_s - draft_s, 0.0) * 1e3, 4), "reqs": reqs,
-        }
+        step = base.decode_step_record(self, bs=bs, decision=decision, num_verify_tokens=num_verify_tokens,
+                                       step_s=step_s, draft_s=draft_s, reqs=reqs)
         self.dumper.observe_decode_step(step)
         for removed, (i, r) in enumerate(finished):
             del self.running[i - removed]
