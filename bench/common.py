@@ -134,3 +134,38 @@ def fmt_rate(x: float | None) -> str:
     if x >= 1e3:
         return f"{x / 1e3:.1f}k/s"
     return f"{x:.1f}/s"
+
+
+def run_process(cmd: list[str], *, repeat: int, timeout: float = 1800, env: dict | None = None) -> dict:
+    """CPU seconds (user + system, all threads), wall seconds and peak RSS of ``cmd`` run as a process.
+
+    The figures of the command users run: its start-up and imports count.
+    A failing command gives ``{"error": ...}``.
+    """
+    import signal
+    import tempfile
+
+    cpu, wall, peak = [], [], 0.0
+    for _ in range(repeat):
+        with tempfile.TemporaryFile() as err:
+            w0 = time.perf_counter()
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+                                    env={**os.environ, **(env or {})})
+            while True:
+                pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+                if pid:
+                    break
+                if time.perf_counter() - w0 > timeout:
+                    proc.send_signal(signal.SIGKILL)
+                    os.wait4(proc.pid, 0)
+                    return {"error": f"timed out after {timeout:.0f} s: {' '.join(cmd)[:200]}"}
+                time.sleep(0.005)
+            wall.append(time.perf_counter() - w0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if proc.returncode != 0:
+                err.seek(0)
+                tail = err.read().decode("utf-8", "replace").strip().splitlines()[-3:]
+                return {"error": f"exit {proc.returncode}: {' | '.join(tail)[:400]}"}
+        cpu.append(usage.ru_utime + usage.ru_stime)
+        peak = max(peak, usage.ru_maxrss / 1024.0)
+    return {"cpu": cpu, "wall": wall, "peak_rss_mb": peak}

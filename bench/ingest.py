@@ -1,15 +1,20 @@
-"""Ingest: ``/server_info`` bodies (bs 256, gamma 6, confidences and survivals) -> committed Parquet.
+"""Ingest: the shipped ``dspark-obs ingest --server-info FILE`` against a json+pandas baseline, as processes.
 
-Ours: ``collectors.sglang.decode`` (``decode_server_info`` + ``records_to_tables``)
-and ``Store.write`` of ``steps`` and ``step_reqs`` (zstd Parquet, fsynced, renamed
-into place), exactly what the collector's writer commits.  Baseline, in the same
-run on the same bodies: what one would otherwise write — ``json.loads``, one dict
-per request-step, a pandas ``DataFrame``, ``to_parquet``.
+The file holds ``bodies`` successive ``/server_info`` bodies (bs 256, gamma 6,
+confidences and survivals), one per line as ``curl`` saves them, made from the
+emulator's engine (compact mode, 256 requests in flight, mixed workloads and
+temperatures) and encoded as the server encodes them.
 
-The bodies come from the emulator (compact mode, 256 requests in flight, mixed
-workloads and temperatures), encoded as the server encodes them.  Each side runs
-in its own process; rows/s is per CPU second of that process (one core), with
-the wall-clock rate beside it, and peak memory is the process's peak RSS.
+Both sides run as their own process on the same file, alternating, ``repeat``
+times: **ours** is the command users run (start-up, the decoder, the cursor,
+the Parquet commit into a fresh store); the **baseline** is what one would
+otherwise write, ``json.loads`` per line, one dict per request-step, a pandas
+``DataFrame`` and ``to_parquet`` (its start-up, pandas' import included, counts
+too).  Rows/s is request-step rows per CPU second of the process (user + system,
+all its threads), with the wall rate beside it; peak memory is the process's
+peak RSS, and for ours also above the idle command (``dspark-obs --version``).
+``ingest.inprocess_*`` rows are the decoder and commit alone, in one process,
+labelled as such.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from bench.common import full_batch_payload, measure, run_child, stats
+from bench.common import full_batch_payload, measure, run_child, run_process, stats
 
 GAMMA = 6
 BATCH = 256
@@ -29,34 +35,46 @@ BATCH = 256
 
 def make_body(path: str, *, records: int, batch: int = BATCH, seed: int = 0) -> dict:
     """Write one ``/server_info`` body with ``records`` full-batch decode records to ``path``."""
+    return make_bodies(path, bodies=1, records=records, batch=batch, seed=seed)
+
+
+def make_bodies(path: str, *, bodies: int, records: int, batch: int = BATCH, seed: int = 0) -> dict:
+    """Write ``bodies`` successive bodies of ``records`` full-batch records each, one per line."""
     import msgspec
 
-    payload = full_batch_payload(records=records, batch=batch, gamma=GAMMA, max_records=records + 64, seed=seed)
-    body = {"internal_states": [{"dspark_info_record": payload, "avg_spec_accept_length": 3.2}],
-            "version": "0.5.23", "startup_time": 1.0}
-    data = msgspec.json.encode(body)
-    Path(path).write_bytes(data)
-    return {"bytes": len(data), "rows": records * batch, "records": records}
+    payload = full_batch_payload(records=bodies * records, batch=batch, gamma=GAMMA,
+                                 max_records=bodies * records + 64, seed=seed)
+    size = 0
+    with open(path, "wb") as f:
+        for b in range(bodies):
+            part = {**payload, "records": payload["records"][b * records:(b + 1) * records]}
+            data = msgspec.json.encode({"internal_states": [{"dspark_info_record": part,
+                                                             "avg_spec_accept_length": 3.2}],
+                                        "version": "0.5.23", "startup_time": 1.0})
+            f.write(data + b"\n")
+            size = max(size, len(data))
+    return {"bytes": os.path.getsize(path), "largest_body_bytes": size, "rows": bodies * records * batch,
+            "records": bodies * records}
 
 
 def ours(body: str, repeat: int) -> dict:
-    """decode + Arrow tables + committed Parquet, ``repeat`` times on the same body."""
+    """In-process: decode + Arrow tables + committed Parquet of each body, ``repeat`` times."""
+    from collectors.importers import iter_documents
     from collectors.sglang.decode import decode_server_info, records_to_tables
     from dspark_obs.store import Store
 
-    data = Path(body).read_bytes()
     root = tempfile.mkdtemp(prefix="bench-ingest-")
     store = Store(root)
     rows = [0]
 
     def once() -> None:
-        info = decode_server_info(data)
         n = 0
-        for rank in info.ranks:
-            steps, reqs = records_to_tables(rank.records, dp_rank=rank.dp_rank, segment=0)
-            store.write("steps", "bench", steps)
-            store.write("step_reqs", "bench", reqs)
-            n += reqs.num_rows
+        for doc in iter_documents(body):
+            for rank in decode_server_info(doc.data).ranks:
+                steps, reqs = records_to_tables(rank.records, dp_rank=rank.dp_rank, segment=0)
+                store.write("steps", "bench", steps)
+                store.write("step_reqs", "bench", reqs)
+                n += reqs.num_rows
         rows[0] = n
 
     try:
@@ -66,54 +84,74 @@ def ours(body: str, repeat: int) -> dict:
     return {"rows": rows[0], "cpu": m["cpu"], "wall": m["wall"]}
 
 
-def baseline(body: str, repeat: int) -> dict:
-    """``json.loads`` + a pandas DataFrame of one dict per request-step + ``to_parquet``."""
+def baseline(body: str, out: str) -> int:
+    """``json.loads`` + a pandas DataFrame of one dict per request-step + ``to_parquet``; the rows."""
     import pandas as pd
 
-    data = Path(body).read_bytes()
-    out = Path(tempfile.mkdtemp(prefix="bench-ingest-base-"))
-    rows = [0]
+    table = []
+    with open(body, "rb") as f:
+        for line in f:
+            if not line.strip():
+                continue
+            doc = json.loads(line)
+            for rank, state in enumerate(doc["internal_states"]):
+                for rec in state["dspark_info_record"]["records"]:
+                    for q in rec.get("reqs") or []:
+                        table.append({"dp_rank": rank, "forward_ct": rec["forward_ct"], **q})
+    pd.DataFrame(table).to_parquet(out, compression="zstd")
+    return len(table)
 
-    def once() -> None:
-        doc = json.loads(data)
-        table = []
-        for rank, state in enumerate(doc["internal_states"]):
-            for rec in state["dspark_info_record"]["records"]:
-                for q in rec.get("reqs") or []:
-                    table.append({"dp_rank": rank, "forward_ct": rec["forward_ct"], **q})
-        df = pd.DataFrame(table)
-        df.to_parquet(out / f"part-{time.time_ns()}.parquet", compression="zstd")
-        rows[0] = len(table)
 
-    try:
-        m = measure(once, repeat=repeat)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
-    return {"rows": rows[0], "cpu": m["cpu"], "wall": m["wall"]}
+def _cli() -> list[str]:
+    """The installed ``dspark-obs`` beside this interpreter (what users run), else ``python -m dspark_obs``."""
+    exe = Path(sys.executable).with_name("dspark-obs")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "dspark_obs"]
+
+
+def _command(body: str, out: str) -> list[str]:
+    return _cli() + ["ingest", "--out", out, "--run-id", "bench", "--server-info", body]
 
 
 def run(*, quick: bool, workdir: str, tiny: bool = False) -> dict:
-    records = 4 if tiny else 60 if quick else 200
-    repeat = 1 if tiny else 3 if quick else 7
-    body = os.path.join(workdir, f"server_info-{records}.json")
-    info = make_body(body, records=records, batch=32 if tiny else BATCH)
-    res: dict = {"ingest.body_mb": round(info["bytes"] / 1e6, 2), "ingest.rows_per_body": info["rows"]}
-    for side, fn in (("ours", "ours"), ("baseline", "baseline")):
-        r = run_child(f"bench.ingest:{fn}", timeout=900, body=body,
-                      repeat=repeat if side == "ours" else max(1 if tiny else 2, repeat // 2))
-        if "error" in r:
-            res[f"ingest.{side}_error"] = r["error"]
+    bodies, records = (2, 4) if tiny else (3, 60) if quick else (10, 200)
+    repeat = 1 if tiny else 3 if quick else 5
+    body = os.path.join(workdir, f"server_info-{bodies}x{records}.jsonl")
+    info = make_bodies(body, bodies=bodies, records=records, batch=32 if tiny else BATCH)
+    rows = info["rows"]
+    res: dict = {"ingest.file_mb": round(info["bytes"] / 1e6, 1), "ingest.bodies": bodies,
+                 "ingest.rows_per_body": rows // bodies, "ingest.largest_body_mb": round(info["largest_body_bytes"] / 1e6, 1)}
+    idle = run_process(_cli() + ["--version"], repeat=1)
+    runs: dict[str, list[dict]] = {"ours": [], "baseline": []}
+    for i in range(repeat):  # alternate, so both sides see the same machine load
+        out = os.path.join(workdir, f"ingest-store-{i}")
+        shutil.rmtree(out, ignore_errors=True)
+        runs["ours"].append(run_process(_command(body, out), repeat=1))
+        shutil.rmtree(out, ignore_errors=True)
+        runs["baseline"].append(run_process([sys.executable, "-c", "import sys; from bench.ingest import baseline; "
+                                             "print(baseline(sys.argv[1], sys.argv[2]))", body,
+                                             out + ".parquet"], repeat=1))
+    for side, prefix in (("ours", "ingest"), ("baseline", "ingest.baseline")):
+        failed = [r for r in runs[side] if "error" in r]
+        if failed:
+            res[f"{prefix}.error"] = failed[0]["error"]
             continue
-        cpu = stats([r["rows"] / c for c in r["cpu"]])
-        wall = stats([r["rows"] / w for w in r["wall"]])
-        prefix = "ingest" if side == "ours" else "ingest.baseline"
+        cpu = stats([rows / r["cpu"][0] for r in runs[side]])
         res[f"{prefix}.rows_per_s"] = round(cpu["median"])
         res[f"{prefix}.rows_per_s_min"] = round(cpu["min"])
         res[f"{prefix}.rows_per_s_max"] = round(cpu["max"])
-        res[f"{prefix}.rows_per_s_wall"] = round(wall["median"])
-        res[f"{prefix}.peak_mb"] = r["peak_rss_mb"]
+        res[f"{prefix}.rows_per_s_wall"] = round(stats([rows / r["wall"][0] for r in runs[side]])["median"])
+        res[f"{prefix}.cpu_s"] = round(stats([r["cpu"][0] for r in runs[side]])["median"], 3)
+        res[f"{prefix}.peak_mb"] = round(max(r["peak_rss_mb"] for r in runs[side]), 1)
+    if "error" not in idle:
+        res["ingest.idle_peak_mb"] = round(idle["peak_rss_mb"], 1)
+        if "ingest.peak_mb" in res:
+            above = res["ingest.peak_mb"] - res["ingest.idle_peak_mb"]
+            res["ingest.peak_above_idle_per_body"] = round(above / (info["largest_body_bytes"] / 2**20), 2)
     if "ingest.rows_per_s" in res and "ingest.baseline.rows_per_s" in res:
         res["ingest.baseline_rows_per_s"] = res.pop("ingest.baseline.rows_per_s")
         res["ingest.ratio"] = round(res["ingest.rows_per_s"] / res["ingest.baseline_rows_per_s"], 2)
         res["ingest.baseline_peak_mb"] = res.pop("ingest.baseline.peak_mb")
+    inproc = run_child("bench.ingest:ours", timeout=900, body=body, repeat=repeat)
+    if "error" not in inproc:
+        res["ingest.inprocess_rows_per_s"] = round(stats([inproc["rows"] / c for c in inproc["cpu"]])["median"])
     return res

@@ -300,7 +300,8 @@ def _conform(table: str, run_id: str, rows: pa.Table | list[dict]) -> pa.Table:
             arrays = []
             for field in target:
                 if field.name in columns:
-                    arrays.append(rows.column(field.name).cast(field.type))
+                    column = rows.column(field.name)
+                    arrays.append(column if column.type == field.type else column.cast(field.type))
                 else:
                     arrays.append(pa.nulls(rows.num_rows, field.type))
             data = pa.Table.from_arrays(arrays, schema=target)

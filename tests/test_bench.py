@@ -95,10 +95,13 @@ def test_anything_unusual_takes_the_reference_path(body, bad):
     assert len(info.ranks[0].dead) == len(ref.ranks[0].dead)
 
 
-def test_ingest_sides_write_the_same_rows(body):
+def test_ingest_sides_write_the_same_rows(body, tmp_path):
     ours = ingest.ours(str(body), repeat=1)
-    base = ingest.baseline(str(body), repeat=1)
-    assert ours["rows"] == base["rows"] == 6 * 24
+    base = ingest.baseline(str(body), str(tmp_path / "base.parquet"))
+    assert ours["rows"] == base == 6 * 24
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "base.parquet").num_rows == base
 
 
 @pytest.fixture(scope="module")

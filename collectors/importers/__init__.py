@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from typing import Any, Iterator, Optional
 
 import pyarrow as pa
 
+from collectors.importers.documents import Document, iter_documents, iter_json_documents  # noqa: F401 (re-exported)
 from dspark_obs import schema
 
 CHUNK_ROWS = 50_000
@@ -106,28 +106,6 @@ def iter_lines(path: str | Path) -> Iterator[tuple[int, str]]:
             text = raw.decode("utf-8", "replace").strip()
             if text:
                 yield i, text
-
-
-def iter_json_documents(path: str | Path) -> Iterator[tuple[int, Any, Optional[str], str]]:
-    """JSON documents of a file: one per line, or several run together on a line (``curl >> file``).
-
-    Yields ``(line, value, error, text)``; ``error`` is set (and ``value`` None)
-    for text that is not JSON.  Accepts ``NaN``/``Infinity`` as Python's
-    ``json.dumps`` writes them.
-    """
-    decoder = json.JSONDecoder()
-    for line_no, text in iter_lines(path):
-        pos = 0
-        while pos < len(text):
-            try:
-                value, end = decoder.raw_decode(text, pos)
-            except json.JSONDecodeError as exc:
-                yield line_no, None, f"not JSON: {exc}", text[pos:]
-                break
-            yield line_no, value, None, text[pos:end]
-            pos = end
-            while pos < len(text) and text[pos] in " \t\r\n":
-                pos += 1
 
 
 class WorkloadResolver:

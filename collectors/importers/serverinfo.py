@@ -1,7 +1,8 @@
 """Saved ``/server_info`` bodies -> ``steps``, ``step_reqs``, ``gaps`` (``--server-info FILE``).
 
 The file holds successive bodies as ``curl -s URL/server_info >> file`` saves
-them: one per line, or run together.  They go through the same decoder and
+them: one per line, or run together.  Each body goes as bytes, once, to the
+one decoder (no Python-object parse first), one body in memory at a time.  They go through the same decoder and
 high-water cursor as live polling, so overlapping bodies are read once, and
 deque wraps, clears and restarts between two saved bodies become ``gaps``.
 """
@@ -11,10 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import msgspec
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from collectors.importers import ImportResult, TableSink, iter_json_documents, now
+from collectors.importers import ImportResult, TableSink, iter_documents, now
 from collectors.sglang.cursor import ForwardCursor
 from collectors.sglang.decode import PayloadError, decode_server_info, records_to_tables_safe, server_args
 from dspark_obs import schema
@@ -25,14 +26,14 @@ def import_server_info(store, run_id: str, path: str | Path) -> ImportResult:
     sink = TableSink(store, run_id, result)
     cursor = ForwardCursor()
     source = f"server-info:{Path(path).name}"
-    for line, value, error, text in iter_json_documents(path):
+    for doc in iter_documents(path):
+        line, body = doc.line, doc.data
         try:
-            if error is not None:
-                raise PayloadError(error)
-            body = msgspec.json.encode(value)
+            if doc.error is not None:
+                raise PayloadError(doc.error)
             info = decode_server_info(body)
         except (PayloadError, TypeError, ValueError, OverflowError) as exc:
-            sink.dead(f"{source}:{line}", str(exc), text)
+            sink.dead(f"{source}:{line}", str(exc), doc.text or body[:65536].decode("utf-8", "replace"))
             continue
         if "args" not in result.meta:
             first = next((r for r in info.ranks if r.gamma or r.mode), None)
@@ -61,6 +62,6 @@ def import_server_info(store, run_id: str, path: str | Path) -> ImportResult:
                 sink.dead(f"{source}:{line}", reason, raw.decode("utf-8", "replace"))
             sink.add_table("steps", steps)
             sink.add_table("step_reqs", reqs)
-            result.rids.update(r for r in reqs.column("rid").to_pylist() if r is not None)
+            result.rids.update(r for r in pc.unique(reqs.column("rid")).to_pylist() if r is not None)
     sink.close()
     return result

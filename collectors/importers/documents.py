@@ -1,0 +1,140 @@
+"""The JSON documents of a file, as bytes, one at a time, with their line numbers.
+
+Why bytes: a ``/server_info`` body is tens of MB; its one decoder
+(:func:`collectors.sglang.decode.decode_server_info`) reads bytes, so parsing
+the document into Python first (stdlib ``json``) would parse it twice and
+hold it twice.  Documents come one per line, or run together with nothing
+between them, as ``curl -s URL/server_info >> FILE`` leaves them (the server
+writes no newline).  The file is read in chunks; a document's end is found
+by msgspec's validating scan (``type=msgspec.Raw``, no values built), so
+memory stays at about one document, however long the line.
+
+A document msgspec does not accept (``NaN``/``Infinity`` as Python's
+``json.dumps`` writes them, or text that is not JSON) goes through the
+stdlib decoder; what that accepts comes back with its values and as
+standard JSON bytes (non-finite numbers as ``null``, as the server's
+encoder writes them), the rest as an error with the text.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+import msgspec
+
+CHUNK_BYTES = 8 << 20
+_WHITESPACE = b" \t\r\n"
+
+
+@dataclass(frozen=True)
+class Document:
+    """One JSON document of a file: ``data`` (standard JSON bytes) or ``error`` (with ``text``)."""
+
+    line: int  # 1-based line on which the document starts
+    data: Optional[bytes]
+    error: Optional[str] = None
+    text: str = ""  # the document's text when it is not JSON (for a dead letter)
+    parsed: Any = None  # the stdlib's values, for a document only it reads (they keep NaN and infinities)
+
+    def value(self) -> Any:
+        """The document as Python values."""
+        return self.parsed if self.parsed is not None else msgspec.json.decode(self.data)
+
+
+def iter_documents(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Document]:
+    """Each JSON document of ``path`` in order; text that is not JSON ends its line as one error.
+
+    >>> import tempfile, os
+    >>> f = tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False)
+    >>> _ = f.write(b'{"a": 1}{"a": 2}\\n\\n{"a": NaN} oops\\n[3]'); f.close()
+    >>> [(d.line, d.data, d.error is not None) for d in iter_documents(f.name)]
+    [(1, b'{"a": 1}', False), (1, b'{"a": 2}', False), (3, b'{"a":null}', False), (3, None, True), (4, b'[3]', False)]
+    >>> os.unlink(f.name)
+    """
+    with open(path, "rb") as f:
+        buf, line, eof, typical = b"", 1, False, 0
+        while True:
+            start = _skip_whitespace(buf)
+            line += _newlines(buf, start)
+            buf = buf[start:]
+            if not eof and len(buf) < max(chunk_bytes, typical + typical // 4):
+                # Hold the next document whole before scanning it: a scan cannot resume.
+                buf, eof = _read(f, max(chunk_bytes, typical + typical // 4) - len(buf), buf)
+                continue
+            if not buf:
+                return
+            end = _document_end(buf)
+            if end is None and not eof:  # longer than we guessed: read as much again and rescan
+                buf, eof = _read(f, len(buf), buf)
+                continue
+            if end:
+                yield Document(line, buf[:end].rstrip(_WHITESPACE))
+                typical = max(typical, end)
+                line += _newlines(buf, end)
+                buf = buf[end:]
+                continue
+            # Not standard JSON: the stdlib decoder on the rest of the line (NaN, or an error).
+            while b"\n" not in buf and not eof:
+                buf, eof = _read(f, len(buf), buf)
+            stop = buf.find(b"\n")
+            stop = len(buf) if stop < 0 else stop
+            yield from _stdlib_documents(line, buf[:stop])
+            buf = buf[stop:]
+
+
+def iter_json_documents(path: str | Path) -> Iterator[tuple[int, Any, Optional[str], str]]:
+    """``(line, value, error, text)`` of each document of ``path``: :func:`iter_documents` as Python values.
+
+    ``error`` is set (and ``value`` None) for text that is not JSON.
+    """
+    for doc in iter_documents(path):
+        if doc.error is not None:
+            yield doc.line, None, doc.error, doc.text
+        else:
+            yield doc.line, doc.value(), None, doc.data.decode("utf-8", "replace")
+
+
+def _read(f, size: int, buf: bytes) -> tuple[bytes, bool]:
+    more = f.read(size)
+    return buf + more, not more
+
+
+def _newlines(buf: bytes, end: int) -> int:
+    """Newlines in ``buf[:end]``; a server's compact JSON has none, which ``find`` (memchr) tells fast."""
+    return 0 if buf.find(b"\n", 0, end) < 0 else buf.count(b"\n", 0, end)
+
+
+def _skip_whitespace(buf: bytes) -> int:
+    return len(buf) - len(buf.lstrip(_WHITESPACE))
+
+
+def _document_end(buf: bytes) -> Optional[int]:
+    """Bytes of the standard-JSON document at the start of ``buf``: None if cut short, 0 if not JSON."""
+    try:
+        msgspec.json.decode(buf, type=msgspec.Raw)
+        return len(buf.rstrip(_WHITESPACE))
+    except msgspec.DecodeError as exc:
+        message = str(exc)
+        if "truncated" in message:
+            return None
+        if "trailing characters (byte " in message:
+            return int(message.rsplit("(byte ", 1)[1].rstrip(")")) - 1  # msgspec counts the byte it read
+        return 0
+
+
+def _stdlib_documents(line: int, data: bytes) -> Iterator[Document]:
+    """What the stdlib decoder reads of one line; the rest of the line after an error is one error."""
+    text, pos, decoder = data.decode("utf-8", "replace"), 0, json.JSONDecoder()
+    while pos < len(text):
+        try:
+            value, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as exc:
+            yield Document(line, None, f"not JSON: {exc}", text[pos:])
+            return
+        yield Document(line, msgspec.json.encode(value), parsed=value)
+        pos = end
+        while pos < len(text) and text[pos] in " \t\r\n":
+            pos += 1

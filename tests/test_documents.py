@@ -1,0 +1,55 @@
+"""The JSON documents of an imported file: split as bytes, whatever the layout, in bounded chunks."""
+
+from __future__ import annotations
+
+import doctest
+import json
+
+import pytest
+
+from collectors.importers import documents
+from collectors.importers.documents import iter_documents, iter_json_documents
+
+DOCS = [{"a": i, "s": "x}{\"]" * i, "l": list(range(i * 50))} for i in range(6)]
+
+
+def _write(tmp_path, data: bytes):
+    path = tmp_path / "docs.jsonl"
+    path.write_bytes(data)
+    return path
+
+
+def test_the_module_examples_hold():
+    assert doctest.testmod(documents).failed == 0
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
+@pytest.mark.parametrize("sep", [b"\n", b"", b"  \r\n\n"])
+def test_documents_come_back_byte_exact_whatever_the_separator_and_chunk(tmp_path, sep, chunk):
+    encoded = [json.dumps(d, separators=(",", ":")).encode() for d in DOCS]
+    path = _write(tmp_path, sep.join(encoded) + sep)
+    got = list(iter_documents(path, chunk_bytes=chunk))
+    assert [d.data for d in got] == encoded and all(d.error is None for d in got)
+    assert [d.value() for d in got] == DOCS
+    lines = sep.count(b"\n")
+    assert [d.line for d in got] == [1 + i * lines for i in range(len(DOCS))]
+
+
+def test_a_pretty_printed_document_is_one_document_on_its_first_line(tmp_path):
+    path = _write(tmp_path, b"\n" + json.dumps(DOCS[2], indent=2).encode() + b"\n" + json.dumps(DOCS[1]).encode())
+    got = list(iter_json_documents(path))
+    assert [(line, value) for line, value, _, _ in got] == [(2, DOCS[2]), (2 + json.dumps(DOCS[2], indent=2).count("\n") + 1, DOCS[1])]
+
+
+def test_non_finite_numbers_keep_their_values_and_become_null_in_the_bytes(tmp_path):
+    path = _write(tmp_path, b'{"x": NaN, "y": -Infinity}{"z": 1}\n')
+    first, second = iter_documents(path)
+    assert first.data == b'{"x":null,"y":null}' and first.value()["y"] == float("-inf")
+    assert second.value() == {"z": 1} and second.line == 1
+
+
+def test_text_that_is_not_json_ends_its_line_and_the_next_line_is_read(tmp_path):
+    path = _write(tmp_path, b'{"a": 1} not json {"b": 2}\n{"c": 3}\n{"cut": [1, 2')
+    got = list(iter_documents(path, chunk_bytes=8))
+    assert [(d.line, d.error is None) for d in got] == [(1, True), (1, False), (2, True), (3, False)]
+    assert got[1].text.startswith("not json") and "cut" in got[3].text
