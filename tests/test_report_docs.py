@@ -1,23 +1,10 @@
-"""The report's docstring examples run (doctests), and its command is documented in its help."""
+"""The report command is documented in its help (its docstring examples run in test_doctests)."""
 
 from __future__ import annotations
 
-import doctest
-import importlib
-
-import pytest
 from typer.testing import CliRunner
 
 from dspark_obs.cli import app
-
-MODULES = ["thresholds", "stats", "bootstrap", "gates", "inputs", "calibration", "ceiling", "text", "summary"]
-
-
-@pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples_run(name):
-    module = importlib.import_module(f"dspark_obs.report.{name}")
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0, f"{result.failed} doctest(s) failed in {module.__name__}"
 
 
 def test_report_help_names_every_option_and_the_exit_codes():
