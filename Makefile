@@ -9,7 +9,7 @@ FIDELITY_VENV ?= .fidelity-venv
 REALMODEL_VENV ?= .realmodel-venv
 DEMO_OUT ?= demo-data
 
-.PHONY: install chromium demo dashboard test test-main test-fidelity test-realmodel clean
+.PHONY: install chromium demo dashboard test test-main test-fidelity test-realmodel test-wheel clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ demo: install
 dashboard: install
 	$(BIN)/dspark-obs dashboard --data $(DEMO_OUT)
 
-test: test-main test-fidelity test-realmodel
+test: test-main test-fidelity test-realmodel test-wheel
 
 test-main: install chromium
 	$(BIN)/python -m pytest -q
@@ -45,5 +45,9 @@ test-fidelity:
 test-realmodel:
 	REALMODEL_VENV=$(REALMODEL_VENV) bash .ci/realmodel-venv.sh
 
+# The wheel, built and installed in a clean venv: the quick demo and the SQL macros from it.
+test-wheel:
+	WHEEL_VENV=.wheel-venv bash .ci/wheel-venv.sh
+
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .wheel-venv .wheel-venv.dist
