@@ -78,7 +78,14 @@ def measure(fn: Callable[[], Any], *, repeat: int, warmup: int = 1) -> dict[str,
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident set size so far, MiB (Linux reports KiB)."""
+    """This process's peak resident set size so far, MiB.
+
+    ``VmHWM`` of its own memory map; ``ru_maxrss`` would carry the forking
+    parent's peak over the exec (Linux records the old map's high-water mark).
+    """
+    hwm = _vm_hwm_mb(os.getpid())
+    if hwm:
+        return hwm
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -140,7 +147,10 @@ def run_process(cmd: list[str], *, repeat: int, timeout: float = 1800, env: dict
     """CPU seconds (user + system, all threads), wall seconds and peak RSS of ``cmd`` run as a process.
 
     The figures of the command users run: its start-up and imports count.
-    A failing command gives ``{"error": ...}``.
+    Peak RSS is the process's own ``VmHWM`` (a high-water mark, read while it
+    runs), not the ``ru_maxrss`` of ``wait4``: Linux carries the forking
+    parent's peak over the exec into that figure.  A failing command gives
+    ``{"error": ...}``.
     """
     import signal
     import tempfile
@@ -151,7 +161,9 @@ def run_process(cmd: list[str], *, repeat: int, timeout: float = 1800, env: dict
             w0 = time.perf_counter()
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
                                     env={**os.environ, **(env or {})})
+            hwm = 0.0
             while True:
+                hwm = max(hwm, _vm_hwm_mb(proc.pid))
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
                 if pid:
                     break
@@ -167,5 +179,16 @@ def run_process(cmd: list[str], *, repeat: int, timeout: float = 1800, env: dict
                 tail = err.read().decode("utf-8", "replace").strip().splitlines()[-3:]
                 return {"error": f"exit {proc.returncode}: {' | '.join(tail)[:400]}"}
         cpu.append(usage.ru_utime + usage.ru_stime)
-        peak = max(peak, usage.ru_maxrss / 1024.0)
+        peak = max(peak, hwm)
     return {"cpu": cpu, "wall": wall, "peak_rss_mb": peak}
+
+
+def _vm_hwm_mb(pid: int) -> float:
+    """Peak resident set of a running process, MiB (0 once it has exited)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError):
+        pass
+    return 0.0

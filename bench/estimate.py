@@ -94,19 +94,6 @@ def core(root: str, loop_rows: int, max_rows: int = 1_000_000) -> dict:
     return {"rows": n, "vec_cpu": vec_cpu, "loop_rows": m, "loop_cpu": loop_cpu, "same": same}
 
 
-def _hwm_mb() -> float | None:
-    """This process's own peak RSS, MiB (VmHWM).  ``ru_maxrss`` of a child started by a large
-    parent reports at least the parent's peak (Linux folds the old address space's high-water
-    mark into it at exec), so a child measures itself from /proc when it can."""
-    try:
-        for line in open("/proc/self/status"):
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024.0, 1)
-    except OSError:
-        pass
-    return None
-
-
 def generate_store(root: str, rows: int) -> dict:
     """``bench.gen_store.generate`` in a child: the generator's memory must not count for the estimator."""
     from bench.gen_store import generate
@@ -128,7 +115,7 @@ def end_to_end(root: str) -> dict:
         calibration.calibrate_run(con, "bench", labels=labels, n_bootstrap=0)
     cal_cpu, cal_wall = time.process_time() - c0, time.perf_counter() - w0
     return {"rows": run.num_rows, "estimate_cpu": est_cpu, "estimate_wall": est_wall,
-            "calibrate_cpu": cal_cpu, "calibrate_wall": cal_wall, "hwm_mb": _hwm_mb()}
+            "calibrate_cpu": cal_cpu, "calibrate_wall": cal_wall}
 
 
 def _slope(xs: list[float], ys: list[float]) -> float | None:
@@ -177,7 +164,7 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
         res[f"estimate.estimate_rows_per_s.{size}"] = round(r["rows"] / r["estimate_cpu"])
         res[f"estimate.calibrate_rows_per_s.{size}"] = round(r["rows"] / r["calibrate_cpu"])
         res[f"estimate.rows_per_s_wall.{size}"] = round(r["rows"] / (r["estimate_wall"] + r["calibrate_wall"]))
-        peak = r.get("hwm_mb") or r["peak_rss_mb"]
+        peak = r["peak_rss_mb"]
         res[f"estimate.peak_mb.{size}"] = peak
         done_rows.append(r["rows"])
         done_cpu.append(cpu)

@@ -24,7 +24,6 @@ import os
 import shutil
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from bench.common import full_batch_payload, measure, run_child, run_process, stats
