@@ -394,12 +394,14 @@ def diagnose(row: Optional[Mapping[str, Any]], *, state: Optional[ServerState] =
                            "send traffic (or `dspark-obs collect --workload gsm8k ...`), then run doctor again"))
         return rank(out)
     trim = _trimming(row, state, lim)
+    regret = _regret(row, lim)
     if any(f.code == "trimming_inactive" for f in trim):  # one finding for one cause
         out = [f for f in out if f.code != "no_cost_table"]
+        regret = [f for f in regret if f.code != "tokens_lost_unknown"]
     steps = _steps(row, lim)
     if state is not None and not state.cost_table_loaded:  # the flat placeholder predicts nothing
         steps = [f for f in steps if not f.code.startswith("costtable")]
-    out += trim + _regret(row, lim) + _acceptance(row, positions, lim) + steps
+    out += trim + regret + _acceptance(row, positions, lim) + steps
     return rank(out)
 
 
