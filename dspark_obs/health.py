@@ -39,7 +39,7 @@ from dspark_obs.sql import canned_queries
 
 __all__ = ["TRIM_SURVIVAL_FLOOR", "SEVERITIES", "ServerState", "Finding", "Limits", "figures", "by_position",
            "memory_connection", "memory_figures", "memory_by_position", "diagnose", "server_findings", "rank",
-           "exit_code", "run_row", "expected_accept_error", "COST_TABLE_FLAG"]
+           "exit_code", "run_row", "expected_accept_error", "is_missing", "COST_TABLE_FLAG"]
 
 TRIM_SURVIVAL_FLOOR = 0.01  # the literal in sql/health_figures.sql
 SEVERITIES = ("fail", "warn", "info", "ok")  # most severe first
@@ -164,16 +164,18 @@ def by_position(con: duckdb.DuckDBPyConnection, *, runs: Optional[Sequence[str]]
                         timeout_s=None).to_pandas()
 
 
-def memory_connection(steps: pa.Table, step_reqs: pa.Table, *, run_id: str, gamma: Optional[int]) -> \
-        duckdb.DuckDBPyConnection:
+def memory_connection(steps: pa.Table, step_reqs: pa.Table, *, run_id: str, gamma: Optional[int],
+                      con: Optional[duckdb.DuckDBPyConnection] = None) -> duckdb.DuckDBPyConnection:
     """A DuckDB connection whose ``steps``/``step_reqs``/``runs`` (and empty ``requests``/``ceiling``) are these.
 
     The same queries then run over records that never reached a store: a live
-    server's deque, or one poll's batch in the sidecar.
+    server's deque, or one poll's batch in the sidecar.  Given ``con`` (one this
+    function made), the tables are swapped in place, which is much cheaper.
     """
     from dspark_obs.estimators import ceiling  # noqa: F401  (registers the ceiling schema)
 
-    con = duckdb.connect()
+    fresh = con is None
+    con = duckdb.connect() if fresh else con
     tables = {
         "steps": _with_run(steps, run_id), "step_reqs": _with_run(step_reqs, run_id),
         "runs": pa.table({"run_id": [run_id], "gamma": pa.array([gamma], pa.int32())}),
@@ -181,8 +183,10 @@ def memory_connection(steps: pa.Table, step_reqs: pa.Table, *, run_id: str, gamm
         "ceiling": _with_run(schema.schema_for("ceiling").empty_table(), run_id),
     }
     for name, table in tables.items():
-        con.register(f"_{name}_arrow", table)
-        con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}_arrow"')
+        if fresh or name in ("steps", "step_reqs", "runs"):
+            con.register(f"_{name}_arrow", table)
+        if fresh:
+            con.execute(f'CREATE VIEW "{name}" AS SELECT * FROM "_{name}_arrow"')
     return con
 
 
@@ -214,10 +218,11 @@ def run_row(frame: pd.DataFrame, run_id: Optional[str] = None) -> Optional[dict[
         sel = sel[sel["run_id"] == run_id]
     if sel.empty:
         return None
-    return {k: (None if _isnan(v) else v) for k, v in sel.iloc[0].to_dict().items()}
+    return {k: (None if is_missing(v) else v) for k, v in sel.iloc[0].to_dict().items()}
 
 
-def _isnan(v: Any) -> bool:
+def is_missing(v: Any) -> bool:
+    """None, NA or NaN (a figure with no data)."""
     try:
         return v is None or v is pd.NA or (isinstance(v, float) and v != v)
     except TypeError:

@@ -16,6 +16,9 @@ Two kinds:
   calibration target of ``c_k``), ``censored_step_share`` the share of
   request-steps whose whole window was accepted with ``window < gamma`` (their
   ceiling is unknown), and ``mean_window`` the mean ``verify_len - 1``.
+* **Trimming health counters** (``collectors.sglang.health_metrics``): the
+  sums behind every figure of ``dspark_obs.health``, so ``rate()`` works, and
+  the ``trimming_active`` / ``cost_table_loaded`` gauges.
 
 Each collector owns its registry, so several can run in one process (tests).
 ``serve`` exposes it on 127.0.0.1 unless told otherwise.
@@ -32,6 +35,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+
+from collectors.sglang.health_metrics import HealthCounters
 
 NS = "dspark_obs:"
 MAX_POSITIONS = 16
@@ -161,6 +166,8 @@ class SidecarMetrics:
         self.mean_acc_len = Gauge(NS + "mean_acc_len", "Mean tokens committed per request-step", registry=r)
         self.window_rows = Gauge(NS + "gauge_window_request_steps", "Request-steps the DSpark gauges cover",
                                  registry=r)
+        self.health = HealthCounters(window_rows=window_rows)
+        r.register(self.health)
         self._server = None
 
     def _lag(self) -> float:
@@ -179,6 +186,11 @@ class SidecarMetrics:
     def on_rank(self, dp_rank: int, held: int, high_water: int) -> None:
         self.held.labels(str(dp_rank)).set(held)
         self.high_water.labels(str(dp_rank)).set(high_water)
+
+    def on_batch(self, steps: pa.Table, reqs: pa.Table, *, gamma: Optional[int] = None) -> None:
+        """One poll's new rows: the censoring-aware gauges and the health counters."""
+        self.on_step_reqs(reqs)
+        self.health.add(steps, reqs, gamma=gamma)
 
     def on_step_reqs(self, reqs: pa.Table) -> None:
         agg = aggregate_step_reqs(reqs)
