@@ -22,7 +22,10 @@ A request-step is *trimmed* when ``verify_len < gamma + 1``; it is
 >= :data:`TRIM_SURVIVAL_FLOOR` (the flat no-table budget, computed from
 survivals two steps old, also cuts drafts that were all but certain to fail:
 those do not show that the planner trims).  Trimming is *active* when the
-budget-trimmed share reaches its limit.
+budget-trimmed share reaches its limit (5% by default: without a table,
+the flat budget still trims about 1% of request-steps, where the lagged
+survivals it is computed from were lower than the current ones) and the
+server, when its arguments are known, loaded a cost table.
 """
 
 from __future__ import annotations
@@ -108,7 +111,7 @@ class Finding:
 class Limits:
     """The doctor's limits; :meth:`from_thresholds` takes them from the report's thresholds file."""
 
-    min_budget_trimmed_share: float = 0.01
+    min_budget_trimmed_share: float = 0.05
     max_trim_regret: float = 0.5
     max_expected_accept_error: float = 0.10
     max_costtable_mape: float = 0.20
@@ -299,8 +302,8 @@ def _trimming(row: Mapping[str, Any], state: Optional[ServerState], lim: Limits)
     figs = {k: row.get(k) for k in ("budget_trimmed_share", "trimmed_share", "window_sizes", "trim_ratio")}
     if state is not None and state.mode == "static":
         return []
-    if share < lim.min_budget_trimmed_share:
-        no_table = state is not None and not state.cost_table_loaded
+    no_table = state is not None and not state.cost_table_loaded
+    if share < lim.min_budget_trimmed_share or no_table:
         fix = (f"start the server with {COST_TABLE_FLAG} TABLE.json; {PROFILE_HINT}" if no_table or state is None
                else "the cost table says a full verify is always cheapest: re-profile it on this hardware "
                     f"({PROFILE_HINT})")

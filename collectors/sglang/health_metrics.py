@@ -142,7 +142,9 @@ class HealthCounters:
                 self._recent_rows -= self._recent.popleft()[0]
 
     def trimming_active(self) -> Optional[float]:
-        """1 / 0 over the last ``window_rows`` request-steps; None before ``min_request_steps``."""
+        """1 / 0 over the last ``window_rows`` request-steps (0 without a cost table); None before ``min_request_steps``."""
+        if self.cost_table_loaded is False:
+            return 0.0  # the flat uninitialised table: whatever the windows look like, nothing plans them
         n = sum(r for r, _ in self._recent)
         if n < self.limits.min_request_steps:
             return None
