@@ -9,7 +9,7 @@ FIDELITY_VENV ?= .fidelity-venv
 REALMODEL_VENV ?= .realmodel-venv
 DEMO_OUT ?= demo-data
 
-.PHONY: install chromium demo dashboard test test-main test-fidelity test-realmodel test-wheel clean
+.PHONY: install chromium prometheus demo dashboard test test-main test-fidelity test-realmodel test-prometheus test-wheel clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ chromium:
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq chromium; }
 
+# Debian's prometheus: the Prometheus tier starts it on 127.0.0.1 to scrape the sidecar.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && $$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
 # Ends with its summary and the command that opens the dashboard; `make dashboard` serves it.
 demo: install
 	$(BIN)/dspark-obs demo --out $(DEMO_OUT)
@@ -33,7 +39,7 @@ demo: install
 dashboard: install
 	$(BIN)/dspark-obs dashboard --data $(DEMO_OUT)
 
-test: test-main test-fidelity test-realmodel test-wheel
+test: test-main test-fidelity test-realmodel test-prometheus test-wheel
 
 test-main: install chromium
 	$(BIN)/python -m pytest -q
@@ -48,6 +54,11 @@ test-realmodel:
 # The wheel, built and installed in a clean venv: the quick demo and the SQL macros from it.
 test-wheel:
 	WHEEL_VENV=.wheel-venv bash .ci/wheel-venv.sh
+
+# A real Prometheus scrapes the sidecar during emulator runs; every dashboard panel and alert rule
+# must return data, and the health figures must equal the store's (tests/prometheus, about a minute).
+test-prometheus: install prometheus
+	$(BIN)/python -m pytest tests/prometheus -q -p no:cacheprovider -o python_files='prometheus_*.py'
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .wheel-venv .wheel-venv.dist

@@ -68,7 +68,7 @@ def emulate(
     dp_size: int = typer.Option(1, "--dp-size", callback=in_range(1, 64), help="DP ranks: one dspark_info_record payload per rank."),
     max_records: int = typer.Option(200_000, callback=in_range(1), help="Server-side record deque size (SGLang: 200,000)."),
     max_running_requests: int = typer.Option(256, callback=in_range(1), help="Continuous-batching limit."),
-    sps_table: Optional[Path] = typer.Option(None, help="Cost table the scheduler plans with (SGLang JSON, 1-D or additive). Default: the built-in additive table."),
+    sps_table: Optional[Path] = typer.Option(None, help="Cost table the scheduler plans with (SGLang JSON, 1-D or additive). Default: the built-in additive table. `none`: no table, as SGLang without --speculative-dspark-sps-table-path (its flat uninitialised table: every request verifies its whole block; trimming is off)."),
     sts: Optional[Path] = typer.Option(None, help="STS calibration JSON ({temperatures: [...]}) applied to the head."),
     head_temperature: Optional[str] = typer.Option(None, help="Comma-separated per-position miscalibration temperatures of the head (1 = calibrated, <1 over-confident)."),
     head_bias: Optional[str] = typer.Option(None, help="Comma-separated per-position logit bias of the head (0 = none, <0 under-confident: a miscalibration STS cannot remove)."),
@@ -90,7 +90,6 @@ def emulate(
                        sts=sts, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
                        dp_size=dp_size)
         return
-    from dspark_obs import costtable
     from dspark_obs.emulator.engine import DEFAULT_HEAD_TEMPERATURE, EngineConfig
     from dspark_obs.emulator.server import load_sts_temperatures, serve
 
@@ -100,7 +99,7 @@ def emulate(
         cfg = EngineConfig(
             mode=mode, seed=seed, gamma=gamma, dp_size=dp_size, max_records=max_records,
             max_running_requests=max_running_requests,
-            sps_table=costtable.load(sps_table) if sps_table else costtable.default_additive_table(),
+            **_planning_table(sps_table),
             sts_temperatures=load_sts_temperatures(str(sts)) if sts else None,
             head_temperature=tuple(float(x) for x in head_temperature.split(",")) if head_temperature
             else DEFAULT_HEAD_TEMPERATURE,
@@ -113,10 +112,20 @@ def emulate(
     serve(cfg, host=host, port=port)
 
 
+def _planning_table(sps_table: Optional[Path]) -> dict:
+    """``EngineConfig`` fields for ``emulate --sps-table``: a file, ``none`` (SGLang without a table) or the default."""
+    from dspark_obs import costtable
+
+    if sps_table is None:
+        return {"sps_table": costtable.default_additive_table(), "sps_table_path": None}
+    if str(sps_table).lower() == "none":
+        return {"sps_table": None, "sps_table_path": None}
+    return {"sps_table": costtable.load(sps_table), "sps_table_path": str(sps_table)}
+
+
 def _emulate_model(model: Optional[str], head_transform: Optional[str], *, host: str, port: int, mode: str,
                    sts: Optional[Path], sps_table: Optional[Path], **options) -> None:
     """``emulate --model``: the real-model engine behind the same server."""
-    from dspark_obs import costtable
     from dspark_obs.emulator.realmodel import weights
 
     if model is None:
@@ -142,7 +151,7 @@ def _emulate_model(model: Optional[str], head_transform: Optional[str], *, host:
     try:
         cfg = RealModelConfig(
             mode=mode, model=model, head_transform=transform,
-            sps_table=costtable.load(sps_table) if sps_table else costtable.default_additive_table(),
+            **_planning_table(sps_table),
             sts_temperatures=load_sts_temperatures(str(sts)) if sts else None, **options)
     except (ValueError, OSError) as exc:
         _fail(str(exc))

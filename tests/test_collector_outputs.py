@@ -175,6 +175,11 @@ def test_the_grafana_dashboard_only_uses_metrics_the_sidecar_serves():
     metrics.on_step_reqs(pa.table({"verify_len": pa.array([3], pa.int16()), "correct_drafts": pa.array([2], pa.int16()),
                                    "acc_len": pa.array([3], pa.int16()), "draft_tokens": [[1] * 6],
                                    "confidence": [[0.9] * 6]}))
+    from dspark_obs import schema
+    from tests.test_health import REQS, STEPS
+
+    metrics.on_batch(pa.Table.from_pylist(STEPS, schema=schema.schema_for("steps")),
+                     pa.Table.from_pylist(REQS, schema=schema.schema_for("step_reqs")), gamma=3)
     for name, labels in (("rows", ("steps",)), ("rows_written", ("steps",)), ("rows_dropped", ("steps",)),
                          ("gaps", ("clear",)), ("lost", ("clear",)), ("dead_letters", ("/server_info",))):
         getattr(metrics, name).labels(*labels).inc()

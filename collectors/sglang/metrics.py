@@ -16,6 +16,9 @@ Two kinds:
   calibration target of ``c_k``), ``censored_step_share`` the share of
   request-steps whose whole window was accepted with ``window < gamma`` (their
   ceiling is unknown), and ``mean_window`` the mean ``verify_len - 1``.
+* **Trimming health counters** (``collectors.sglang.health_metrics``): the
+  sums behind every figure of ``dspark_obs.health``, so ``rate()`` works, and
+  the ``trimming_active`` / ``cost_table_loaded`` gauges.
 
 Each collector owns its registry, so several can run in one process (tests).
 ``serve`` exposes it on 127.0.0.1 unless told otherwise.
@@ -25,16 +28,21 @@ from __future__ import annotations
 
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from collections import deque
 from typing import Callable, Optional
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
+
+from collectors.sglang.health_metrics import HealthCounters
 
 NS = "dspark_obs:"
 MAX_POSITIONS = 16
+GAP_REASONS = ("deque_wrap", "clear", "server_restart", "write_backlog", "write_failed", "poll_error", "poll_stall",
+               "request_failed", "request_steps_missing")
 
 
 class _Window:
@@ -161,6 +169,16 @@ class SidecarMetrics:
         self.mean_acc_len = Gauge(NS + "mean_acc_len", "Mean tokens committed per request-step", registry=r)
         self.window_rows = Gauge(NS + "gauge_window_request_steps", "Request-steps the DSpark gauges cover",
                                  registry=r)
+        # Known label values start at 0, so increase() and rate() answer 0 rather than nothing.
+        for reason in GAP_REASONS:
+            self.gaps.labels(reason)
+            self.lost.labels(reason)
+        for table in ("steps", "step_reqs", "requests", "tokens"):
+            for counter in (self.rows, self.rows_written, self.rows_dropped):
+                counter.labels(table)
+        self.dead_letters.labels("/server_info")
+        self.health = HealthCounters(window_rows=window_rows)
+        r.register(self.health)
         self._server = None
 
     def _lag(self) -> float:
@@ -179,6 +197,11 @@ class SidecarMetrics:
     def on_rank(self, dp_rank: int, held: int, high_water: int) -> None:
         self.held.labels(str(dp_rank)).set(held)
         self.high_water.labels(str(dp_rank)).set(high_water)
+
+    def on_batch(self, steps: pa.Table, reqs: pa.Table, *, gamma: Optional[int] = None) -> None:
+        """One poll's new rows: the censoring-aware gauges and the health counters."""
+        self.on_step_reqs(reqs)
+        self.health.add(steps, reqs, gamma=gamma)
 
     def on_step_reqs(self, reqs: pa.Table) -> None:
         agg = aggregate_step_reqs(reqs)
@@ -204,8 +227,33 @@ class SidecarMetrics:
     # -- serving ---------------------------------------------------------------
 
     def serve(self, port: int, host: str = "127.0.0.1") -> int:
-        """Serve ``/metrics`` on ``host:port`` (port 0 picks one); returns the port."""
-        self._server, _ = start_http_server(port, addr=host, registry=self.registry)
+        """Serve ``/metrics`` on ``host:port`` (port 0 picks one); returns the port.
+
+        Always in the classic text format (0.0.4): prometheus_client's
+        OpenMetrics output, which Prometheus asks for first, escapes the ``:`` of
+        ``dspark_obs:*`` to ``_``, and the dashboard and alert rules would find
+        nothing.
+        """
+        registry = self.registry
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                body = generate_latest(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                try:
+                    self.wfile.write(body)
+                except (BrokenPipeError, ConnectionResetError):  # the scraper gave up (its scrape_timeout)
+                    pass
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
         return self._server.server_port
 
     def close(self) -> None:

@@ -192,7 +192,7 @@ class PollingMixin:
                 self.metrics.rows.labels("step_reqs").inc(reqs.num_rows)
                 self.summary.steps += steps.num_rows
                 self.summary.step_reqs += reqs.num_rows
-                self.metrics.on_step_reqs(reqs)
+                self.metrics.on_batch(steps, reqs, gamma=self.summary.gamma or None)
                 self.progress("steps", steps.num_rows)
             elif steps.num_rows:
                 self.metrics.rows_dropped.labels("steps").inc(steps.num_rows)

@@ -50,6 +50,7 @@ from collectors.sglang.driver import DriveSpec, PlannedRequest, drive
 from collectors.sglang.metrics import SidecarMetrics
 from collectors.sglang.writer import BufferedWriter
 from dspark_obs import schema
+from dspark_obs.health import ServerState
 
 # Sources whose payloads may carry prompt or output text (dropped under --redact-text).
 _TEXT_SOURCES = ("/generate", "/v1/", "request-log", "generate-file")
@@ -252,6 +253,7 @@ class Collector(PollingMixin):
             run_fields = {"ended_at": None, "end_reason": None}
         self.metrics.on_run(run_id=self.opts.run_id, mode=self.summary.mode, gamma=self.summary.gamma,
                             dp_size=self.summary.dp_size, server_url=self.opts.url)
+        self.metrics.health.on_run(ServerState.from_args(args, mode=self.summary.mode, gamma=self.summary.gamma))
         source = self.opts.source or ("emulator" if args.get("emulator") else "sglang")
         self.store.upsert_run(
             self.opts.run_id, **run_fields, source=source,

@@ -61,6 +61,8 @@ class EngineConfig:
     # The table the scheduler plans with (SGLang: --speculative-dspark-sps-table-path);
     # None = SGLang's uninitialised flat table, which verifies the full window.
     sps_table: Optional[ct.CostTable] = field(default_factory=ct.default_additive_table)
+    # What the server args report as speculative_dspark_sps_table_path (the file the table came from).
+    sps_table_path: Optional[str] = None
     # The hardware's true step-time model, and a context-length term on top of it.
     true_cost: ct.SpsAdditiveCostTable = field(default_factory=ct.default_additive_table)
     context_seconds_per_token: float = 2.0e-9

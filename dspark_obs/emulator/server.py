@@ -68,13 +68,23 @@ def _server_args(cfg: EngineConfig, port: int) -> dict[str, Any]:
         "speculative_algorithm": "DSPARK",
         "speculative_dspark_block_size": cfg.gamma,
         "speculative_num_draft_tokens": cfg.gamma + 1,
-        "speculative_dspark_sps_table_path": None,
+        # SGLang's flag: None = no table (its planner then runs the flat uninitialised table)
+        "speculative_dspark_sps_table_path": cfg.sps_table_path if cfg.sps_table is not None else None,
         "speculative_dspark_confidence_sts_path": None,
         "enable_metrics": True,
         "emulator": True,
+        # what the emulator plans with: file (the path above) | builtin (its additive table) | none
+        "emulator_sps_table": sps_table_source(cfg),
         # SGLang's record deque holds a fixed INFO_DUMP_MAX_RECORDS; the emulator's is configurable
         "emulator_max_records": cfg.max_records,
     }
+
+
+def sps_table_source(cfg: EngineConfig) -> str:
+    """``file`` | ``builtin`` | ``none``: the table the emulator's planner uses (``emulate --sps-table``)."""
+    if cfg.sps_table is None:
+        return "none"
+    return "file" if cfg.sps_table_path else "builtin"
 
 
 class EmulatorApp:

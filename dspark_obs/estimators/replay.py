@@ -554,7 +554,7 @@ def planning_table(con, run: str) -> tuple[ct.CostTable, str]:
             return ct.load(path), f"server's --speculative-dspark-sps-table-path {path}"
         except (OSError, ValueError) as exc:
             raise ValueError(f"the run's cost table {path} cannot be read ({exc}); pass it with --sps-table FILE")
-    if info.get("emulator"):
+    if info.get("emulator") and info.get("emulator_sps_table") != "none":  # none: as SGLang without a table
         return ct.default_additive_table(), "emulator default additive table"
     if not info:
         return ct.default_additive_table(), "default additive table (the run has no server_info; --sps-table FILE)"

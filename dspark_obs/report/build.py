@@ -35,6 +35,7 @@ from dspark_obs.report.plots import HISTORY_METRICS, build_charts, history_frame
 from dspark_obs.report.render_html import render_html
 from dspark_obs.report.render_md import render_markdown
 from dspark_obs.report.sts import sts_section
+from dspark_obs.report.trimming import health_section
 from dspark_obs.report.thresholds import Thresholds, load_thresholds
 from dspark_obs.store import Store
 
@@ -143,12 +144,13 @@ def build_report(opts: ReportOptions) -> ReportResult:
         cost = costmodel_section(con, sel.runs, baselines)
         coll = collection_section(con, sel.runs, baselines)
         sts = sts_section(con, sel.runs, cal.labels)
+        trim = health_section(con, sel.runs)
         previous = sqlmod.query(con, "report_history_overview", {"metrics": list(HISTORY_METRICS)}).to_pandas()
     except duckdb.Error as exc:
         check_readable(root, involved)
         raise InputError(f"cannot read the store at {root}: {str(exc).splitlines()[0]}") from None
-    figures: list[Figure] = cal.figures + ceil.figures + cost.figures + coll.figures + sts.figures
-    for section in (cal, ceil, cost, coll, sts):
+    figures: list[Figure] = cal.figures + ceil.figures + cost.figures + coll.figures + sts.figures + trim.figures
+    for section in (cal, ceil, cost, coll, sts, trim):
         notes += section.notes
     outcome = judge(figures, th)
     out = Path(opts.out)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 __all__ = ["MetricInfo", "METRICS", "SECTIONS", "SECTION_TITLES", "info"]
 
-SECTIONS = ("calibration", "ceiling", "estimator", "costmodel", "collection", "sts")
+SECTIONS = ("calibration", "ceiling", "estimator", "costmodel", "collection", "sts", "health")
 SECTION_TITLES = {
     "calibration": "Calibration of the confidence head",
     "ceiling": "Acceptance against the full-block ceiling",
@@ -18,6 +18,7 @@ SECTION_TITLES = {
     "costmodel": "Step-time cost model",
     "collection": "Collection: gaps and dead letters",
     "sts": "STS refit recommendation",
+    "health": "Trimming health: is DSpark doing its job?",
 }
 
 
@@ -71,6 +72,23 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in (
     MetricInfo("dead_letters", "collection", "dead letters", "count", "lower",
                "conditional binomial test of two Poisson rates",
                "payloads rejected because they did not fit SGLang's contract"),
+    MetricInfo("budget_trimmed_share", "health", "trimming active", "fraction", "higher", "",
+               "request-steps the planner's budget trimmed (first trimmed draft had survival >= 0.01); 0 means "
+               "trimming is inactive, as without a cost table (compact runs only)"),
+    MetricInfo("trim_ratio", "health", "trim ratio", "fraction", "none", "",
+               "verified slots / what a no-trim verify would verify (sum verify_len / request-steps x (gamma+1))"),
+    MetricInfo("trim_regret", "health", "trim regret", "fraction", "lower", "",
+               "trimmed request-steps that accepted their whole window (exact lower bound on loss)"),
+    MetricInfo("tokens_lost", "health", "tokens lost to trimming", "tokens", "lower", "",
+               "ceiling - accepted, summed over the run's request-steps, with the ceiling's [lo, hi] (needs estimate)"),
+    MetricInfo("accept_rate_gap", "health", "acceptance denominator gap", "fraction", "none", "",
+               "accepted / drafts verified minus SGLang's spec_accept_rate (accepted / full block)"),
+    MetricInfo("expected_accept_error", "health", "expected vs actual acceptance", "fraction", "lower", "",
+               "|survival-predicted - observed| / observed accepted drafts per request-step"),
+    MetricInfo("padding_share", "health", "graph-tier padding", "fraction", "lower", "",
+               "(num_verify_tokens - sum verify_len) / num_verify_tokens over compact steps"),
+    MetricInfo("costtable_mape_drift", "health", "cost-table drift", "fraction", "lower", "",
+               "MAPE of predicted_step_ms vs step_gpu_ms, second half of the run's steps minus the first"),
     MetricInfo("sts_predicted_gain", "sts", "STS refit gain", "fraction", "lower", "",
                "tokens/s an STS refit would add, from schedule replay (interval from the ceiling's [lo, hi])"),
 )}

@@ -123,7 +123,7 @@ def render_html(summary: dict, charts: list, pngs: dict[str, str] | None = None)
             ("figures", counts_line(c))]
     parts.append("<table class=meta>" + "".join(f"<tr><th class=l>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in meta)
                  + "</table>")
-    for section in ("calibration", "ceiling", "estimator", "costmodel", "collection", "sts"):
+    for section in ("calibration", "ceiling", "estimator", "costmodel", "collection", "health", "sts"):
         if not by_section[section] and not charts_by[section]:
             continue
         parts.append(f"<h2 id='{section}'>{_e(SECTION_TITLES[section])}</h2>")

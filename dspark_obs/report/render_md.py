@@ -132,7 +132,7 @@ def render_markdown(summary: dict) -> str:
         sections[f["section"]].append(f)
     if sections["calibration"]:
         lines += [f"## {SECTION_TITLES['calibration']}", ""] + _calibration(sections["calibration"], summary["runs"])
-    for name in ("ceiling", "estimator", "costmodel", "collection"):
+    for name in ("ceiling", "estimator", "costmodel", "collection", "health"):
         if not sections[name]:
             continue
         lines += [f"## {SECTION_TITLES[name]}", ""]

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from dspark_obs.ui import charts, widgets
+from dspark_obs.ui import charts, health_panel, widgets
 
 ds, f = widgets.context()
 st.title("Overview")
@@ -75,6 +75,8 @@ with widgets.guard("Per-workload summary"):
         if len(compact):
             widgets.needs_table(ds, "ceiling", f"dspark-obs estimate --data {{data}} --run {compact[0]}",
                                 "The full-block ceiling of a compact run")
+
+health_panel.render(ds, f)
 
 with widgets.guard("Calibration summary"):
     cal = ds.q("ui_calibration", f)

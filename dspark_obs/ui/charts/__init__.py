@@ -18,6 +18,7 @@ from dspark_obs.ui.charts.costmodel import (
     costmodel_raw_vs_fitted, curve_frame, error_by_batch, predict_cells, predicted_vs_measured, residuals_by_batch,
     table_from_fit,
 )
+from dspark_obs.ui.charts.health import expected_vs_actual
 from dspark_obs.ui.charts.requests import confidence_heatmap, request_timeline, token_logprobs
 from dspark_obs.ui.charts.throughput import per_user_by_workload, throughput_curves
 from dspark_obs.ui.charts.windows import (
@@ -26,6 +27,7 @@ from dspark_obs.ui.charts.windows import (
 )
 
 __all__ = [
+    "expected_vs_actual",
     "recalibration_held_out",
     "as_frame", "caption_of",
     "accept_vs_ceiling", "acceptance_by_position", "estimate_categories", "validation_scatter",
