@@ -1,21 +1,22 @@
-"""Ceiling estimate and calibration on generated stores of growing size.
+"""Ceiling estimate, calibration and the report on generated stores of growing size, as the commands users run.
 
-Per store size (``bench.gen_store``), in a fresh process each:
+Per store size (``bench.gen_store``, generated in a child process):
 
-* **end to end** — ``ceiling.estimate_run`` (DuckDB read, evidence, walk, the
-  acceptance model, summaries, validation, Parquet write) then
-  ``calibration.calibrate_run`` for ``observed`` and ``reconstructed`` labels;
-  rows/s per CPU second and the process's peak RSS (both read the run in chunks of
-  whole requests: memory follows the chunk, not the store).  No bootstrap (``0``): the
-  resampling cost is a separate, per-request figure.
+* **the commands** — ``dspark-obs estimate --data D --run bench`` (its
+  defaults: request bootstrap included), then ``dspark-obs calibrate --labels
+  all``, then ``dspark-obs report``, each its own process (start-up included);
+  rows/s is request-step rows per CPU second of the process (user + system,
+  all threads), with the wall rate beside it, and peak memory is the
+  process's own high-water mark.
 * **core** — SGLang's interval rule, vectorised (``walk_blocks`` +
   ``sglang_interval``) on the store's own arrays (its first 1M request-steps,
-  whole requests), against the **baseline**: the
-  same rule as a per-row Python loop (what ``dspark_block_accept_estimator`` does
-  online), checked to give the same ``lo``/``hi``.
+  whole requests), against the **baseline**: the same rule as a per-row
+  Python loop (what ``dspark_block_accept_estimator`` does online), checked to
+  give the same ``lo``/``hi``; both in one child process (labelled
+  ``core``, in-process figures).
 
-The scaling exponent is the slope of log(CPU seconds) on log(rows) over the
-sizes (1 = linear).
+The scaling exponent is the slope of log(CPU seconds) on log(rows) of
+``estimate`` + ``calibrate`` over the sizes (1 = linear).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 
 import numpy as np
 
-from bench.common import run_child
+from bench.common import run_child, run_process
 
 
 def _arrays(root: str, max_rows: int):
@@ -102,20 +103,28 @@ def generate_store(root: str, rows: int) -> dict:
     return {"rows": info["rows"]}
 
 
-def end_to_end(root: str) -> dict:
-    from dspark_obs import sql
-    from dspark_obs.estimators import calibration, ceiling
+def _cli() -> list[str]:
+    import sys
+    from pathlib import Path
 
-    con = sql.connect(root, read_only=False)
-    c0, w0 = time.process_time(), time.perf_counter()
-    run = ceiling.estimate_run(con, "bench", n_bootstrap=0)
-    est_cpu, est_wall = time.process_time() - c0, time.perf_counter() - w0
-    c0, w0 = time.process_time(), time.perf_counter()
-    for labels in ("observed", "reconstructed"):
-        calibration.calibrate_run(con, "bench", labels=labels, n_bootstrap=0)
-    cal_cpu, cal_wall = time.process_time() - c0, time.perf_counter() - w0
-    return {"rows": run.num_rows, "estimate_cpu": est_cpu, "estimate_wall": est_wall,
-            "calibrate_cpu": cal_cpu, "calibrate_wall": cal_wall}
+    exe = Path(sys.executable).with_name("dspark-obs")
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "dspark_obs"]
+
+
+def commands(root: str, out: str) -> dict:
+    """CPU, wall and peak of each shipped command on the store ``root`` (run ``bench``), in order."""
+    steps = {
+        "estimate": ["estimate", "--data", root, "--run", "bench"],
+        "calibrate": ["calibrate", "--data", root, "--run", "bench", "--labels", "all"],
+        "report": ["report", "--data", root, "--run", "bench", "--out", out, "--no-png"],
+    }
+    res = {}
+    for name, args in steps.items():
+        r = run_process(_cli() + args, repeat=1, timeout=7200)
+        res[name] = r if "error" in r else {"cpu": r["cpu"][0], "wall": r["wall"][0], "peak_mb": r["peak_rss_mb"]}
+        if "error" in r:
+            break
+    return res
 
 
 def _slope(xs: list[float], ys: list[float]) -> float | None:
@@ -155,24 +164,35 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
                 res[f"estimate.skipped.{size}"] = (f"projected peak {projected:.1f} GB > cap {memory_cap_gb} GB "
                                                    "(linear from the previous size)")
                 continue
-        r = run_child("bench.estimate:end_to_end", timeout=3600, root=root)
-        if "error" in r:
-            res[f"estimate.error.{size}"] = r["error"]
-            continue
-        cpu = r["estimate_cpu"] + r["calibrate_cpu"]
-        res[f"estimate.rows_per_s.{size}"] = round(r["rows"] / cpu)
-        res[f"estimate.estimate_rows_per_s.{size}"] = round(r["rows"] / r["estimate_cpu"])
-        res[f"estimate.calibrate_rows_per_s.{size}"] = round(r["rows"] / r["calibrate_cpu"])
-        res[f"estimate.rows_per_s_wall.{size}"] = round(r["rows"] / (r["estimate_wall"] + r["calibrate_wall"]))
-        peak = r["peak_rss_mb"]
-        res[f"estimate.peak_mb.{size}"] = peak
-        done_rows.append(r["rows"])
+        r = commands(root, os.path.join(workdir, f"report-{size}"))
+        failed = {k: v["error"] for k, v in r.items() if "error" in v}
+        if failed:
+            res[f"estimate.error.{size}"] = "; ".join(f"{k}: {v}" for k, v in failed.items())
+            if "estimate" in failed or "calibrate" in failed:
+                continue
+        rows = info["rows"]
+        est, cal = r["estimate"], r["calibrate"]
+        cpu = est["cpu"] + cal["cpu"]
+        res[f"estimate.rows_per_s.{size}"] = round(rows / cpu)
+        res[f"estimate.estimate_rows_per_s.{size}"] = round(rows / est["cpu"])
+        res[f"estimate.calibrate_rows_per_s.{size}"] = round(rows / cal["cpu"])
+        res[f"estimate.rows_per_s_wall.{size}"] = round(rows / (est["wall"] + cal["wall"]))
+        res[f"estimate.estimate_cpu_s.{size}"] = round(est["cpu"], 2)
+        res[f"estimate.calibrate_cpu_s.{size}"] = round(cal["cpu"], 2)
+        if "report" in r and "error" not in r["report"]:
+            res[f"estimate.report_cpu_s.{size}"] = round(r["report"]["cpu"], 2)
+            res["estimate.report_cpu_s"] = res[f"estimate.report_cpu_s.{size}"]
+        peak = max(est["peak_mb"], cal["peak_mb"])
+        res[f"estimate.peak_mb.{size}"] = round(peak, 1)
+        done_rows.append(rows)
         done_cpu.append(cpu)
         done_peak.append(peak)
-        last_ok = {"rows": r["rows"], "peak_rss_mb": peak}
+        last_ok = {"rows": rows, "peak_rss_mb": peak}
         res["estimate.rows_per_s"] = res[f"estimate.rows_per_s.{size}"]
-        res["estimate.peak_mb"] = peak
-        res["estimate.largest_rows"] = r["rows"]
+        res["estimate.estimate_rows_per_s"] = res[f"estimate.estimate_rows_per_s.{size}"]
+        res["estimate.calibrate_rows_per_s"] = res[f"estimate.calibrate_rows_per_s.{size}"]
+        res["estimate.peak_mb"] = round(peak, 1)
+        res["estimate.largest_rows"] = rows
     slope = _slope(done_rows, done_cpu)
     if slope is not None:
         res["estimate.scaling_exponent"] = round(slope, 3)

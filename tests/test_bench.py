@@ -112,9 +112,11 @@ def small_store(tmp_path_factory) -> Path:
     return root
 
 
-def test_generated_stores_estimate_and_calibrate(small_store):
-    out = estimate.end_to_end(str(small_store))
-    assert out["rows"] >= 4000
+def test_the_shipped_commands_run_on_generated_stores(small_store, tmp_path):
+    out = estimate.commands(str(small_store), str(tmp_path / "report"))
+    assert set(out) == {"estimate", "calibrate", "report"}
+    assert all("error" not in r and r["cpu"] > 0 and r["peak_mb"] > 0 for r in out.values()), out
+    assert list((tmp_path / "report").glob("*.md"))
     from dspark_obs import sql
 
     con = sql.connect(small_store)
