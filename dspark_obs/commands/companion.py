@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-import pyarrow as pa
-import pyarrow.compute as pc
 import typer
 
-if TYPE_CHECKING:  # the collector and DuckDB load when a companion runs, not with the CLI
+if TYPE_CHECKING:  # the collector, DuckDB and Arrow load when a companion runs, not with the CLI
+    import pyarrow as pa
+
     from collectors.sglang.companion import ReplayPlan, ServerCheck
     from collectors.sglang.session import CollectOptions, CollectSummary
 
@@ -90,12 +90,17 @@ def prepare(store, opts: CompanionOptions) -> tuple[ServerCheck, ReplayPlan, Col
 
 
 def _tokens(con, run: str, rids: set[str]) -> pa.Table:
+    import pyarrow as pa  # at call time: Arrow's import is most of the CLI's start-up
+    import pyarrow.compute as pc
+
     table = con.sql("SELECT rid, pos, token_id FROM tokens WHERE run_id = $run",
                     params={"run": run}).to_arrow_table()
     return table.filter(pc.is_in(table.column("rid"), value_set=pa.array(sorted(rids), pa.string())))
 
 
 def measure(store, plan: ReplayPlan, run_id: str) -> tuple[pa.Table, dict[str, Any]]:
+    import pyarrow as pa  # at call time: Arrow's import is most of the CLI's start-up
+
     """Identity per request and the step pairing of ``run_id`` against ``plan.of_run``; writes both tables."""
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import pairing
