@@ -71,7 +71,10 @@ def iter_documents(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator
                 buf, eof = _read(f, len(buf), buf)
                 continue
             if end:
-                yield Document(line, buf[:end].rstrip(_WHITESPACE))
+                stop = end
+                while buf[stop - 1] in _WHITESPACE:  # not rstrip: that would copy the document
+                    stop -= 1
+                yield Document(line, buf[:stop] if stop < len(buf) else buf)
                 typical = max(typical, end)
                 line += _newlines(buf, end)
                 buf = buf[end:]
@@ -112,10 +115,11 @@ def _skip_whitespace(buf: bytes) -> int:
 
 
 def _document_end(buf: bytes) -> Optional[int]:
-    """Bytes of the standard-JSON document at the start of ``buf``: None if cut short, 0 if not JSON."""
+    """Where the standard-JSON document at the start of ``buf`` ends (white space after it may count):
+    None if it is cut short, 0 if it is not JSON."""
     try:
         msgspec.json.decode(buf, type=msgspec.Raw)
-        return len(buf.rstrip(_WHITESPACE))
+        return len(buf)
     except msgspec.DecodeError as exc:
         message = str(exc)
         if "truncated" in message:

@@ -18,6 +18,27 @@ def _fail(message: str, code: int = 2) -> None:
     fail(message, code)
 
 
+def _importer(flag: str, resolver, redact_text: bool):
+    """The import function of one file flag; each importer module loads only when its flag is given."""
+    if flag == "--server-info":
+        from collectors.importers.serverinfo import import_server_info
+
+        return import_server_info
+    if flag in ("--generate", "--request-log"):
+        from collectors.importers.requests import import_generate, import_request_log
+
+        fn = import_generate if flag == "--generate" else import_request_log
+        return lambda store, run_id, p: fn(store, run_id, p, workload=resolver, redact_text=redact_text)
+    if flag == "--estimator-jsonl":
+        from collectors.importers.estimator import import_estimator_jsonl
+
+        return lambda store, run_id, p: import_estimator_jsonl(store, run_id, p, redact_text=redact_text)
+    from collectors.importers import artifacts
+
+    return {"--sps-table": artifacts.import_cost_table, "--sps-records": artifacts.import_sps_records,
+            "--sts": artifacts.import_sts}[flag]
+
+
 def ingest(
     out: str = typer.Option(..., help="The store: a directory or an object-store URL (s3://bucket/prefix)."),
     run_id: str = typer.Option(..., help="Run to import into. Letters, digits, '.', '_', '-'."),
@@ -46,10 +67,6 @@ def ingest(
     Example: `dspark-obs ingest --out data --run-id prod-1 --server-info info.jsonl --request-log metrics.log --estimator-jsonl est.jsonl`
     """
     from collectors.importers import WorkloadResolver, now
-    from collectors.importers.artifacts import import_cost_table, import_sps_records, import_sts
-    from collectors.importers.estimator import import_estimator_jsonl
-    from collectors.importers.requests import import_generate, import_request_log
-    from collectors.importers.serverinfo import import_server_info
     from dspark_obs.objstore import open_store
     from dspark_obs import schema
     from dspark_obs.cli import _parse_labels, console
@@ -87,20 +104,10 @@ def ingest(
                      labels={**labels, "imported": ",".join(f.lstrip("-") for f, p in files.items() if p),
                              **({"redact_text": "true"} if redact_text else {})})
     results = []
-    for p in server_info:
-        results.append(import_server_info(store, run_id, p))
-    for p in generate:
-        results.append(import_generate(store, run_id, p, workload=resolver, redact_text=redact_text))
-    for p in request_log:
-        results.append(import_request_log(store, run_id, p, workload=resolver, redact_text=redact_text))
-    for p in estimator_jsonl:
-        results.append(import_estimator_jsonl(store, run_id, p, redact_text=redact_text))
-    for p in sps_table:
-        results.append(import_cost_table(store, run_id, p))
-    for p in sps_records:
-        results.append(import_sps_records(store, run_id, p))
-    for p in sts:
-        results.append(import_sts(store, run_id, p))
+    for flag, paths in files.items():
+        if paths:
+            importer = _importer(flag, resolver, redact_text)
+            results.extend(importer(store, run_id, p) for p in paths)
 
     overrides = [{"rid": rid, "temperature": t, "source": "ingest --workload-map"}
                  for rid, t in sorted(resolver.temperatures.items())]
