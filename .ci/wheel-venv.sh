@@ -10,12 +10,8 @@
 # Environment: WHEEL_VENV (default .wheel-venv). Exits with pytest's status.
 set -euo pipefail
 
-HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT="$(git -C "$HERE" rev-parse --show-toplevel 2>/dev/null || (cd "$HERE/.." && pwd))"
-cd "$ROOT"
-
-VENV="${WHEEL_VENV:-.wheel-venv}"
-case "$VENV" in /*) ;; *) VENV="$ROOT/$VENV" ;; esac
+source "$(dirname "${BASH_SOURCE[0]}")/tier.sh"
+tier_venv WHEEL_VENV .wheel-venv
 DIST="$VENV.dist"
 
 rm -rf "$VENV" "$DIST"
