@@ -137,8 +137,8 @@ class ObjectStore:
         validate_run_id(run_id)
         root = self._partition(table, run_id)
         infos = self.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-        files = [i.path for i in infos if i.type == pafs.FileType.File]
-        for path in files:
+        files = [i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, root)]
+        for path in files:  # staged batches (``_staged-*/``) stay
             self.fs.delete_file(path)
         return len(files)
 

@@ -281,10 +281,11 @@ class Store:
         partition = self.root / table / f"run_id={run_id}"
         if not partition.is_dir():
             return 0
-        files = list(partition.iterdir())
+        files = [p for p in partition.iterdir() if not p.is_dir()]  # staged batches (``_staged-*/``) stay
         for path in files:
             path.unlink(missing_ok=True)
-        partition.rmdir()
+        if next(partition.iterdir(), None) is None:
+            partition.rmdir()
         return len(files)
 
     def version(self) -> str:
