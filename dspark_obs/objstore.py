@@ -157,13 +157,15 @@ class ObjectStore:
         files = sorted(i.path for i in infos if i.type == pafs.FileType.File)
         for path in files:  # a copy then a delete on S3; each object appears whole
             self.fs.move(path, f"{self._partition(table, run_id)}/{path.rsplit('/', 1)[1]}")
+        self.discard_staged(table, run_id, batch)
         return len(files)
 
     def discard_staged(self, table: str, run_id: str, batch: str) -> None:
         staged = f"{self._partition(table, run_id)}/{_staged_dir(batch)}"
-        for info in self.fs.get_file_info(pafs.FileSelector(staged, allow_not_found=True)):
-            if info.type == pafs.FileType.File:
-                self.fs.delete_file(info.path)
+        try:
+            self.fs.delete_dir(staged)  # its objects and the directory marker S3 filesystems leave
+        except (FileNotFoundError, OSError):
+            pass
 
     # -- reading ---------------------------------------------------------------
 
