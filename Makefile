@@ -9,7 +9,7 @@ FIDELITY_VENV ?= .fidelity-venv
 REALMODEL_VENV ?= .realmodel-venv
 DEMO_OUT ?= demo-data
 
-.PHONY: install chromium demo dashboard test test-main test-fidelity test-realmodel clean
+.PHONY: install chromium demo dashboard test test-main test-fidelity test-realmodel test-ray clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +33,7 @@ demo: install
 dashboard: install
 	$(BIN)/dspark-obs dashboard --data $(DEMO_OUT)
 
-test: test-main test-fidelity test-realmodel
+test: test-main test-fidelity test-realmodel test-ray
 
 test-main: install chromium
 	$(BIN)/python -m pytest -q
@@ -44,6 +44,15 @@ test-fidelity:
 # SmolLM2-135M behind the emulator, in its own venv (torch CPU; the model cache is reused).
 test-realmodel:
 	REALMODEL_VENV=$(REALMODEL_VENV) bash .ci/realmodel-venv.sh
+
+# --engine ray against the local path: a local Ray (ray.init(num_cpus=2)) and a moto S3 on 127.0.0.1,
+# started by the tests. The [ray] extra goes into the main venv once (a stamp; pip's cache is reused).
+$(BIN)/.ray-installed: pyproject.toml $(BIN)/.installed
+	$(BIN)/python -m pip install -q -e '.[test,ray]'
+	touch $@
+
+test-ray: $(BIN)/.ray-installed
+	$(BIN)/python -m pytest tests/ray -p no:cacheprovider -o python_files='ray_*.py' -q
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache

@@ -66,13 +66,15 @@ def generated_store(tmp_path_factory) -> Path:
     return root
 
 
-def upload(root: Path, url: str) -> None:
-    """Copy a local store to an object-store URL (the layout is the same)."""
+def upload(root: Path, url: str, *, tables) -> None:
+    """Copy ``tables`` of a local store to an object-store URL (the layout is the same)."""
     import pyarrow.fs as pafs
 
     fs, base = pafs.FileSystem.from_uri(url)
     fs.create_dir(base.split("/")[0])
-    pafs.copy_files(str(root), base, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+    for table in tables:
+        pafs.copy_files(str(root / table), f"{base}/{table}", source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=fs)
 
 
 def assert_rows_match(a, b, *, keys: list[str], rtol: float = 1e-9, what: str = "") -> None:

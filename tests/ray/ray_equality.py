@@ -18,6 +18,7 @@ from dspark_obs.store import Store
 from tests.ray.conftest import assert_rows_match, upload
 
 STEP_KEYS = ["rid", "dp_rank", "forward_ct"]
+INPUTS = ("runs", "steps", "step_reqs", "requests", "tokens")   # what a sidecar writes; the rest is computed
 CAL_KEYS = ["labels", "workload", "position", "binning"]
 BIN_KEYS = CAL_KEYS + ["bin"]
 
@@ -85,7 +86,7 @@ def test_the_commands_on_ray_over_s3_write_the_local_tables(store, request, tmp_
     shutil.copytree(src, local)
     url = (f"s3://ray-tier/{store}?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"
            "&allow_bucket_creation=true")
-    upload(src, url)
+    upload(src, url, tables=INPUTS)
     for data, engine in ((str(local), ["--engine", "local"]), (url, ["--engine", "ray"])):
         _cli("estimate", "--data", data, "--run", run, "--bootstrap", "200", "--seed", "4", *engine)
         _cli("calibrate", "--data", data, "--run", run, "--labels", "observed", "--bootstrap", "100", *engine)
