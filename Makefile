@@ -9,7 +9,7 @@ FIDELITY_VENV ?= .fidelity-venv
 REALMODEL_VENV ?= .realmodel-venv
 DEMO_OUT ?= demo-data
 
-.PHONY: install chromium prometheus demo dashboard test test-main test-fidelity test-realmodel test-prometheus test-wheel clean
+.PHONY: install chromium prometheus demo dashboard test test-main test-fidelity test-realmodel test-prometheus test-ray test-wheel clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,7 +39,7 @@ demo: install
 dashboard: install
 	$(BIN)/dspark-obs dashboard --data $(DEMO_OUT)
 
-test: test-main test-fidelity test-realmodel test-prometheus test-wheel
+test: test-main test-fidelity test-realmodel test-prometheus test-ray test-wheel
 
 test-main: install chromium
 	$(BIN)/python -m pytest -q
@@ -59,6 +59,15 @@ test-wheel:
 # must return data, and the health figures must equal the store's (tests/prometheus, about a minute).
 test-prometheus: install prometheus
 	$(BIN)/python -m pytest tests/prometheus -q -p no:cacheprovider -o python_files='prometheus_*.py'
+
+# --engine ray against the local path: a local Ray (ray.init(num_cpus=2)) and a moto S3 on 127.0.0.1,
+# started by the tests. The [ray] extra goes into the main venv once (a stamp; pip's cache is reused).
+$(BIN)/.ray-installed: pyproject.toml $(BIN)/.installed
+	$(BIN)/python -m pip install -q -e '.[test,ray]'
+	touch $@
+
+test-ray: $(BIN)/.ray-installed
+	$(BIN)/python -m pytest tests/ray -p no:cacheprovider -o python_files='ray_*.py' -q
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .wheel-venv .wheel-venv.dist

@@ -37,13 +37,18 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from dspark_obs import schema
-from dspark_obs.store import Store, _conform, _read_schema, validate_run_id
+from dspark_obs.store import Store, _conform, _read_schema, _staged_dir, validate_run_id
 
 __all__ = ["ObjectStore", "open_store", "is_url", "connect_sql", "default_writer_id"]
 
 _TS_FORMAT = "%Y%m%dT%H%M%S%fZ"
 _WRITER_RE = re.compile(r"[A-Za-z0-9_.]+")
 _PARTITIONING = ds.partitioning(pa.schema([("run_id", pa.string())]), flavor="hive")
+
+
+def _hidden(path: str, table_root: str) -> bool:
+    """A file below a ``_`` or ``.`` directory of the table (staged, temporary): not for readers."""
+    return any(part[:1] in "_." for part in path[len(table_root):].strip("/").split("/")[:-1])
 
 
 def is_url(out: str) -> bool:
@@ -127,6 +132,41 @@ class ObjectStore:
                     pass
         return path
 
+    def drop_run(self, table: str, run_id: str) -> int:
+        """Delete one run's partition of ``table`` (every writer's files); returns the objects deleted."""
+        validate_run_id(run_id)
+        root = self._partition(table, run_id)
+        infos = self.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
+        files = [i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, root)]
+        for path in files:  # staged batches (``_staged-*/``) stay
+            self.fs.delete_file(path)
+        return len(files)
+
+    # -- staged writes (Store's contract: invisible until committed) --------------
+
+    def stage(self, table: str, run_id: str, rows: pa.Table | list[dict], batch: str) -> str | None:
+        validate_run_id(run_id)
+        data = _conform(table, run_id, rows)
+        if data.num_rows == 0:
+            return None
+        return self._put(f"{self._partition(table, run_id)}/{_staged_dir(batch)}/{self._part_name()}", data)
+
+    def commit_staged(self, table: str, run_id: str, batch: str) -> int:
+        staged = f"{self._partition(table, run_id)}/{_staged_dir(batch)}"
+        infos = self.fs.get_file_info(pafs.FileSelector(staged, allow_not_found=True))
+        files = sorted(i.path for i in infos if i.type == pafs.FileType.File)
+        for path in files:  # a copy then a delete on S3; each object appears whole
+            self.fs.move(path, f"{self._partition(table, run_id)}/{path.rsplit('/', 1)[1]}")
+        self.discard_staged(table, run_id, batch)
+        return len(files)
+
+    def discard_staged(self, table: str, run_id: str, batch: str) -> None:
+        staged = f"{self._partition(table, run_id)}/{_staged_dir(batch)}"
+        try:
+            self.fs.delete_dir(staged)  # its objects and the directory marker S3 filesystems leave
+        except (FileNotFoundError, OSError):
+            pass
+
     # -- reading ---------------------------------------------------------------
 
     def _files(self, table: str, run_id: str | None) -> list[str]:
@@ -137,7 +177,7 @@ class ObjectStore:
             return []
         files = sorted(i.path for i in infos if i.type == pafs.FileType.File
                        and re.fullmatch(r"part-.*\.parquet", i.base_name)
-                       and "/run_id=" in i.path)
+                       and "/run_id=" in i.path and not _hidden(i.path, f"{self.base}/{table}"))
         if table == "runs":
             newest: dict[str, str] = {}
             for p in files:

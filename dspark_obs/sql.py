@@ -118,17 +118,20 @@ def connection_and_store(con_or_store):
     Estimators accept any of the three; they read through the connection and
     write their result tables through the store.
     """
+    from dspark_obs.objstore import ObjectStore, open_store
     from dspark_obs.store import Store
 
     if isinstance(con_or_store, Store):
         return connect(con_or_store.root), con_or_store
+    if isinstance(con_or_store, ObjectStore):
+        return connect(con_or_store.url), con_or_store
     if isinstance(con_or_store, (str, Path)):
-        return connect(con_or_store), Store(con_or_store)
+        return connect(con_or_store), open_store(con_or_store)
     root = root_of(con_or_store)
     if root is None:
         raise TypeError("expected a Store, a data root, or a connection from dspark_obs.sql.connect")
     refresh(con_or_store)  # a caller's connection may predate files written since
-    return con_or_store, Store(root)
+    return con_or_store, open_store(root)
 
 
 @functools.lru_cache(maxsize=16)

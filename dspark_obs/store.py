@@ -158,8 +158,10 @@ class Store:
         _fsync_dir(partition)
         return path
 
-    def _commit(self, table: str, run_id: str, data: pa.Table, name: str) -> Path:
+    def _commit(self, table: str, run_id: str, data: pa.Table, name: str, *, subdir: str | None = None) -> Path:
         partition = self.root / table / f"run_id={run_id}"
+        if subdir is not None:
+            partition = partition / subdir
         created = not partition.is_dir()
         partition.mkdir(parents=True, exist_ok=True)
         final = partition / name
@@ -178,6 +180,43 @@ class Store:
             _fsync_dir(partition.parent)
             _fsync_dir(self.root)
         return final
+
+    # -- staged writes: many workers write, one driver commits ----------------
+
+    def stage(self, table: str, run_id: str, rows: pa.Table | list[dict], batch: str) -> Path | None:
+        """Write ``rows`` as a part file of ``batch``, invisible to readers until :meth:`commit_staged`.
+
+        Staged files live in ``<table>/run_id=<id>/_staged-<batch>/``; readers
+        only list part files directly in a partition (or in its committed
+        sub-partitions), so a worker that dies leaves nothing visible.
+        """
+        validate_run_id(run_id)
+        data = _conform(table, run_id, rows)
+        if data.num_rows == 0:
+            return None
+        return self._commit(table, run_id, data, _part_name(), subdir=_staged_dir(batch))
+
+    def commit_staged(self, table: str, run_id: str, batch: str) -> int:
+        """Move ``batch``'s staged part files into the partition (each a rename); returns their number."""
+        partition = self.root / table / f"run_id={validate_run_id(run_id)}"
+        staged = partition / _staged_dir(batch)
+        if not staged.is_dir():
+            return 0
+        partition.mkdir(parents=True, exist_ok=True)
+        files = sorted(staged.glob(PART_GLOB))
+        for path in files:
+            os.rename(path, partition / path.name)
+        _fsync_dir(partition)
+        self.discard_staged(table, run_id, batch)
+        return len(files)
+
+    def discard_staged(self, table: str, run_id: str, batch: str) -> None:
+        """Remove what ``batch`` staged and did not commit (a failed run)."""
+        staged = self.root / table / f"run_id={validate_run_id(run_id)}" / _staged_dir(batch)
+        if staged.is_dir():
+            for path in staged.iterdir():
+                path.unlink(missing_ok=True)
+            staged.rmdir()
 
     # -- reading ---------------------------------------------------------
 
@@ -242,10 +281,11 @@ class Store:
         partition = self.root / table / f"run_id={run_id}"
         if not partition.is_dir():
             return 0
-        files = list(partition.iterdir())
+        files = [p for p in partition.iterdir() if not p.is_dir()]  # staged batches (``_staged-*/``) stay
         for path in files:
             path.unlink(missing_ok=True)
-        partition.rmdir()
+        if next(partition.iterdir(), None) is None:
+            partition.rmdir()
         return len(files)
 
     def version(self) -> str:
@@ -267,6 +307,12 @@ class Store:
     def _all_part_files(self) -> list[Path]:
         pattern = os.path.join(glob.escape(str(self.root)), "*", "run_id=*", PART_GLOB)
         return sorted(Path(p) for p in glob.glob(pattern))
+
+
+def _staged_dir(batch: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", batch):
+        raise ValueError(f"staged batch {batch!r}: use letters, digits, '_', '.' and '-'")
+    return f"_staged-{batch}"
 
 
 def _conform(table: str, run_id: str, rows: pa.Table | list[dict]) -> pa.Table:

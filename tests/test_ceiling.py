@@ -354,15 +354,23 @@ def test_jsonl_errors_name_the_row():
 
 def test_summary_bootstrap_in_blocks_draws_the_resamples_of_one_draw():
     """The request bootstrap is drawn 64 resamples at a time (bounded memory); its interval is the
-    percentile interval of the very resamples one [B, R] draw gives."""
-    from dspark_obs.estimators import ceiling_stats
+    percentile interval of the Poisson weights drawn per request, and any split of the requests
+    sums to the same resamples (what --engine ray merges)."""
+    from dspark_obs.estimators import ceiling_stats, resampling
 
     rng = np.random.default_rng(3)
     r, b = 500, 150  # 150 resamples: two full blocks and a partial one
     sums, den = rng.random((r, 2)), rng.integers(1, 9, r).astype(float)
-    values, ci = ceiling_stats._bootstrap_ratios(sums, den, [(0, 1)], n_bootstrap=b, rng=np.random.default_rng(7))
-    w = np.random.default_rng(7).multinomial(r, np.full(r, 1.0 / r), size=b).astype(float)
+    keys = resampling.unit_keys([f"req-{i}" for i in range(r)])
+    whole = ceiling_stats.group_sums(sums, den, keys, n_bootstrap=b, seed=7)
+    values, ci = ceiling_stats._bootstrap_ratios(whole, [(0, 1)])
+    w = resampling.poisson_weights(keys, b, 7)
     num, d = w @ sums, w @ den
     boot = np.column_stack([num / d[:, None], num[:, 0] / num[:, 1]])
     np.testing.assert_allclose(ci, np.percentile(boot, [2.5, 97.5], axis=0), rtol=1e-12)
     np.testing.assert_allclose(values, [*(sums.sum(0) / den.sum()), sums[:, 0].sum() / sums[:, 1].sum()])
+    odd = np.arange(r) % 3 == 0
+    split = (ceiling_stats.group_sums(sums[odd], den[odd], keys[odd], n_bootstrap=b, seed=7)
+             + ceiling_stats.group_sums(sums[~odd], den[~odd], keys[~odd], n_bootstrap=b, seed=7))
+    np.testing.assert_allclose(ceiling_stats._bootstrap_ratios(split, [(0, 1)])[1], ci, rtol=1e-12)
+    assert split.requests == r

@@ -1,8 +1,6 @@
 """What the collector exposes and where it writes: Prometheus metrics, OpenAI traffic, redaction, S3."""
 
 import asyncio
-import os
-import threading
 
 import httpx
 import pytest
@@ -97,43 +95,12 @@ def test_redact_text_stores_no_text(tmp_path, emulator):
 # -- object store --------------------------------------------------------------
 
 @pytest.fixture(scope="module")
-def s3_url():
-    """A local S3-compatible server (moto), with one shim for a moto quirk.
-
-    moto 5 answers CompleteMultipartUpload with a ``CompleteMultipartUploadResponse``
-    root element where S3 sends ``CompleteMultipartUploadResult``; the AWS C++ SDK
-    inside pyarrow then reports an error, so the shim renames the element.
-    """
-    from moto.server import DomainDispatcherApplication, create_backend_app
-    from werkzeug.serving import make_server
-
-    app = DomainDispatcherApplication(create_backend_app)
-
-    def shim(environ, start_response):
-        seen = {}
-        body = b"".join(app(environ, lambda status, headers, exc_info=None: seen.update(s=status, h=headers)))
-        headers = seen["h"]
-        if b"CompleteMultipartUploadResponse" in body:
-            body = body.replace(b"CompleteMultipartUploadResponse", b"CompleteMultipartUploadResult")
-            headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(len(body)))]
-        start_response(seen["s"], headers)
-        return [body]
-
-    server = make_server("127.0.0.1", 0, shim, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
-    os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
-    url = (f"s3://dspark-obs/runs?endpoint_override=127.0.0.1:{server.server_port}&scheme=http"
+def s3_url(s3_endpoint):
+    url = (f"s3://dspark-obs/runs?endpoint_override={s3_endpoint}&scheme=http"
            "&region=us-east-1&allow_bucket_creation=true")
     store = ObjectStore(url, writer_id="setup")
     store.fs.create_dir("dspark-obs")
-    yield url
-    server.shutdown()
-    for k, v in old.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+    return url
 
 
 def test_object_store_round_trip_with_sidecars_side_by_side(s3_url, emulator):

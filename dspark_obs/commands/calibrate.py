@@ -14,6 +14,7 @@ from typing import Optional
 
 import typer
 
+from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
 from dspark_obs.commands.estimate import step_progress
 from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
 from rich.table import Table
@@ -26,7 +27,7 @@ from dspark_obs.console import console as err  # noqa: E402
 
 
 def calibrate(
-    data: Path = typer.Option(..., help="Data root of the store (from `dspark-obs collect` or `demo`)."),
+    data: str = typer.Option(..., help=DATA_ROOT_HELP),
     run: str = typer.Option(..., help="Run whose confidences to score: a compact or cap-accept run."),
     labels: str = typer.Option("all", help="Where the truth comes from: observed | reconstructed | companion | all "
                                            "(all = every kind the store supports for this run)."),
@@ -46,6 +47,9 @@ def calibrate(
                                                    "the best bias-capable map here as JSON (NOT loadable by "
                                                    "SGLang 0.5.23; use it with dspark-obs replay --recalibration)."),
     format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
+    engine: str = ENGINE,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    ray_workers: Optional[int] = RAY_WORKERS,
 ) -> None:
     """Measure calibration of the confidence head: does survival S_k predict that drafts 1..k all survive?
 
@@ -88,14 +92,14 @@ def calibrate(
     check_format(format)
     if labels not in LABEL_CHOICES:
         fail(f"--labels {labels!r} is not one of {', '.join(LABEL_CHOICES)}")
-    if not data.is_dir():
-        fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
+    data = data_root(data)
     current = _read_sts(current_sts) if current_sts is not None else None
     if recalibrate_out is not None and not recalibrate:
         fail("--recalibrate-out only matters with --recalibrate; add --recalibrate")
     if fit_sts is not None and fit_sts.is_dir():
         fail(f"--fit-sts {fit_sts} is a directory; give a file name such as sts.json")
 
+    ray = engine_for(engine, ray_address, ray_workers)
     con = sqlmod.connect(data)
     kinds = cal.LABEL_KINDS if labels == "all" else (labels,)
     results = {}
@@ -103,7 +107,7 @@ def calibrate(
         try:
             with step_progress(f"calibrating {run} ({kind} labels)") as progress:
                 result = cal.calibrate_run(con, run, labels=kind, companion=companion, n_bootstrap=bootstrap,
-                                           seed=seed, progress=progress)
+                                           seed=seed, progress=progress, engine=ray)
         except cal.CalibrationDataError as exc:
             if labels == "all" and kind != "observed":
                 err.print(f"[yellow]skipped {kind} labels:[/yellow] {exc}")

@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 
+from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
 from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
 from rich import box
 from rich.table import Table
@@ -26,7 +27,7 @@ METHOD_CHOICES = ("default", "sglang")
 
 
 def estimate(
-    data: Path = typer.Option(..., help="Data root of the store (from `dspark-obs collect` or `demo`)."),
+    data: str = typer.Option(..., help=DATA_ROOT_HELP),
     run: Optional[str] = typer.Option(None, help="Run to estimate (a compact run; cap-accept and static runs "
                                                  "validate against themselves). Default: the store's only compact run."),
     companion: Optional[str] = typer.Option(None, help="Cap-accept run of the same prompts and seeds to validate "
@@ -43,6 +44,9 @@ def estimate(
                                                 "recorded none (0 = greedy), e.g. a run ingested from /generate "
                                                 "bodies. Default: inferred from the committed tokens' top-1."),
     format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
+    engine: str = ENGINE,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    ray_workers: Optional[int] = RAY_WORKERS,
 ) -> None:
     """Estimate the hidden ceiling: what a full-block verify would have accepted, per request-step.
 
@@ -75,6 +79,8 @@ def estimate(
 
     `dspark-obs estimate --data D --run compact-run --companion cap-run --method sglang`
 
+    `dspark-obs estimate --data s3://bucket/fleet --run night-1 --engine ray --ray-address ray://head:10001`
+
     `dspark-obs sql --data D "select category, count(*), avg(mid), avg(hi - lo) from ceiling group by 1"`
     """
     from dspark_obs import sql as sqlmod
@@ -84,8 +90,8 @@ def estimate(
     check_format(format)
     if method not in METHOD_CHOICES:
         fail(f"--method {method!r} is not one of {', '.join(METHOD_CHOICES)}")
-    if not data.is_dir():
-        fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
+    data = data_root(data)
+    ray = engine_for(engine, ray_address, ray_workers)
     con = sqlmod.connect(data)
     run = run or _only_compact_run(con)
     known = {r[0] for r in con.sql("SELECT DISTINCT run_id FROM step_reqs").fetchall()}
@@ -101,7 +107,7 @@ def estimate(
         with step_progress(f"estimating {run}") as progress:
             result = ceil.estimate_run(con, run, companion=companion, method=method, sglang_logprobs=logprobs,
                                        n_bootstrap=bootstrap, seed=seed, progress=progress,
-                                       temperature=temperature)
+                                       temperature=temperature, engine=ray)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
     err.print(_sampling_line(result.sampling_counts))

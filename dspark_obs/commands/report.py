@@ -15,6 +15,7 @@ from typing import Optional
 
 import typer
 
+from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, RAY_ADDRESS, RAY_WORKERS, engine_for
 from dspark_obs.console import fail, in_range
 
 
@@ -29,7 +30,7 @@ def _parse_now(value: Optional[str]) -> Optional[dt.datetime]:
 
 
 def report(
-    data: Path = typer.Option(..., help="Data root of the store (from `dspark-obs collect` or `demo`)."),
+    data: str = typer.Option(..., help=DATA_ROOT_HELP),
     out: Path = typer.Option(..., help="Directory to write report.html, summary.json, summary.md and figures/ to "
                                        "(created if missing; the report's own files are replaced)."),
     run: Optional[list[str]] = typer.Option(None, help="Run to report on; repeatable. Default: the runs started "
@@ -51,6 +52,9 @@ def report(
                                                        "(default: [report].n_bootstrap, 1000)."),
     now: Optional[str] = typer.Option(None, help="Reference time for --since, ISO 8601 (default: now); for "
                                                  "reproducible reports."),
+    engine: str = ENGINE,
+    ray_address: Optional[str] = RAY_ADDRESS,
+    ray_workers: Optional[int] = RAY_WORKERS,
 ) -> None:
     """Judge a night's runs: calibration, ceiling, estimator, cost model, collection, STS refit; gate on them.
 
@@ -83,6 +87,9 @@ def report(
     `dspark-obs report --data data --since 24h --baseline-since 7d --out reports/$(date +%F)`
 
     `dspark-obs report --data demo-data --run demo-compact-s0 --out report --thresholds thresholds.toml`
+
+    `dspark-obs report --data s3://bucket/fleet --since 24h --out reports/$(date +%F) --engine ray
+    --ray-address ray://head:10001` (the estimator stages as Ray tasks; the store's results written back)
     """
     from dspark_obs.report import InputError, ReportOptions, ThresholdsError, build_report
     from dspark_obs.report.inputs import parse_duration
@@ -101,9 +108,10 @@ def report(
                 fail(f"{flag}: {exc}")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file; give a directory")
+    ray = engine_for(engine, ray_address, ray_workers)
     opts = ReportOptions(data=data, out=out, runs=run or None, since=since, baseline=baseline or None,
                          baseline_since=baseline_since, thresholds=thresholds, now=_parse_now(now), png=png,
-                         history=history, recompute=recompute, n_bootstrap=bootstrap)
+                         history=history, recompute=recompute, n_bootstrap=bootstrap, engine=ray)
     try:
         result = build_report(opts)
     except (InputError, ThresholdsError) as exc:

@@ -28,13 +28,14 @@ import numpy as np
 import pyarrow as pa
 
 from dspark_obs import schema
+from dspark_obs.estimators import resampling
 from dspark_obs.estimators.calibration_events import (
     LABEL_KINDS, CalibrationDataError, RunEvents, block_events, events_query, events_sql, load_events,
     observed_events,
 )
 from dspark_obs.estimators.calibration_metrics import (
     BINNINGS, EPS_PROB, ReliabilityCurve, _binned, _curve, _debiased_ece, _ece, _interval, _mce,
-    _multinomial_weights, _resampled_ece, auroc_score, bootstrap_calibration_error, brier_score_loss,
+    _resampled_ece, auroc_score, bootstrap_calibration_error, brier_score_loss,
     debiased_calibration_error, expected_calibration_error, log_loss, maximum_calibration_error, parse_binning,
     reliability_curve,
 )
@@ -163,14 +164,17 @@ def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 100
     rows, bin_rows = [], []
     wl_code, wl_values = _factorize(ev.workload)
     workloads = ["*", *wl_values]
-    rid_code, _ = _factorize(ev.rid)  # codes in sorted order of the rids
+    rid_code, rid_values = _factorize(ev.rid)  # codes in sorted order of the rids
+    keys = resampling.unit_keys(rid_values) if n_bootstrap else None
     for i, workload in enumerate(workloads):
         mask = np.ones(len(ev.rid), dtype=bool) if workload == "*" else wl_code == i - 1
         gidx = _dense(rid_code[mask])  # np.unique(ev.rid[mask], return_inverse=True)[1], without sorting strings
         full_gidx = np.zeros(len(ev.rid), dtype=np.int64)
         full_gidx[mask] = gidx
         n_groups = int(gidx.max()) + 1 if gidx.size else 0
-        weights = _multinomial_weights(n_groups, n_bootstrap, seed + i) if n_bootstrap and n_groups else None
+        # Poisson weights per request (the same for a request in every group and on every shard of the run)
+        weights = (resampling.poisson_weights(keys[np.unique(rid_code[mask])], n_bootstrap, seed)
+                   if n_bootstrap and n_groups else None)
         for k in range(ev.gamma):
             r, b = _position_rows(ev, mask, k, workload, binnings, weights, full_gidx, confidence_level,
                                   n_bootstrap if weights is not None else 0)
@@ -210,7 +214,7 @@ def _dense(codes: np.ndarray) -> np.ndarray:
 def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", companion: str | None = None,
                   binnings=BINNINGS, n_bootstrap: int = 1000, confidence_level: float = 0.95, seed: int = 0,
                   write: bool = True, chunk_rows: int | None = None, sample_rows: int | None = None,
-                  progress=None) -> RunCalibration:
+                  progress=None, engine=None) -> RunCalibration:
     """Score a run's survival predictions per workload x position x binning and store the result.
 
     ``con_or_store``: a :class:`~dspark_obs.store.Store`, a data root, or a
@@ -226,6 +230,10 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     edges of equal-mass bins, which come from a sample of whole requests chosen
     by rid hash (``sample_rows`` steps, default 500k) when the run holds more.
     ``progress(done_steps, total_steps)`` is called after each chunk.
+    ``engine`` (a :class:`dspark_obs.ray_engine.RayEngine`) sums shards of the
+    requests (by rid hash) as Ray tasks, whatever the run's size: the chunked
+    figures, which for a run of one chunk are the one-pass ones up to the order
+    of float additions (the bootstrap's weights are drawn per request).
 
     The rows of (``run_id``, ``labels``) in ``calibration`` and
     ``calibration_bins`` replace older ones; other label kinds are kept.
@@ -238,7 +246,7 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     con, store = _connect(con_or_store)
     plan = chunks.plan_run(con, run_id, labels=labels, companion=companion, chunk_rows=chunk_rows,
                            units=n_bootstrap > 0)
-    if len(plan.chunks) == 1:  # one pass
+    if len(plan.chunks) == 1 and engine is None:  # one pass
         ev = load_events(con, run_id, labels=labels, companion=companion)
         summary, bins = summarise_events(ev, binnings=binnings, n_bootstrap=n_bootstrap,
                                          confidence_level=confidence_level, seed=seed)
@@ -249,7 +257,7 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
         summary, bins, notes = chunks.summarise_in_chunks(
             con, run_id, plan, labels=labels, binnings=binnings, n_bootstrap=n_bootstrap,
             confidence_level=confidence_level, seed=seed,
-            sample_rows=sample_rows or chunks.DEFAULT_SAMPLE_ROWS, progress=progress)
+            sample_rows=sample_rows or chunks.DEFAULT_SAMPLE_ROWS, progress=progress, engine=engine)
     if write:
         for table, rows in (("calibration", summary), ("calibration_bins", bins)):
             _replace_labels(store, table, run_id, labels, rows)

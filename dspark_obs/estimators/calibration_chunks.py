@@ -9,8 +9,10 @@ estimator reads them: :mod:`ceiling_chunks`) add up to the run's value:
   the reliability bins) — equal to one pass up to the order of float additions;
 * the request-level bootstrap of the ECE — each resample's per-bin sums are
   ``weights @ per-request sums``, accumulated chunk by chunk with the very
-  multinomial weights one pass draws (kept as uint8: a request is drawn at most
-  a few times per resample).
+  Poisson weights one pass draws (drawn per request from its rid:
+  :mod:`resampling`), so chunks, and shards of requests on other machines
+  (``--engine ray``: :func:`accumulate_chunks` per shard, :func:`merge_cells`),
+  add up to the one-pass sums.
 
 Two need every step at once: **AUROC** (a ranking) and the **edges of
 equal-mass bins** (quantiles).  They come from a bounded sample of whole
@@ -30,13 +32,14 @@ import pyarrow as pa
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import calibration_events as events
 from dspark_obs.estimators import calibration_metrics as metrics
+from dspark_obs.estimators import resampling
 from dspark_obs.estimators.ceiling_chunks import Chunk, plan_chunks, sample_requests
 
-__all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "DEFAULT_SAMPLE_ROWS"]
+__all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells", "BinEdges",
+           "DEFAULT_SAMPLE_ROWS"]
 
 DEFAULT_SAMPLE_ROWS = 500_000
 """Steps behind AUROC and equal-mass bin edges when a run holds more."""
-_WEIGHT_BLOCK = 64  # resamples drawn at a time (same stream as drawing them all at once)
 
 
 _BASE_SQL = """
@@ -66,6 +69,8 @@ class RunPlan:
     rid_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     units: np.ndarray = field(default_factory=lambda: np.zeros(0, object))   # bootstrap units, sorted
     unit_workload: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    step_rids: list = field(default_factory=list)    # every rid with predictions (what shards split), None last
+    step_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
 def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows: int,
@@ -80,10 +85,11 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
     base = events._fetch(con, _BASE_SQL, {"run": run_id})
     rids, rows = base.column("rid").to_pylist(), base.column("n").to_numpy().astype(np.int64)
     chunks = plan_chunks(rids, rows, chunk_rows=chunk_rows)
+    steps = {"step_rids": rids, "step_rows": rows}
     if len(chunks) == 1:
-        return RunPlan(query, params, mode, gamma, source, chunks)
+        return RunPlan(query, params, mode, gamma, source, chunks, **steps)
     if not units:  # steps with predictions stand in for labelled ones (the sample, the progress)
-        return RunPlan(query, params, mode, gamma, source, chunks, 0, int(rows.sum()), rids, rows)
+        return RunPlan(query, params, mode, gamma, source, chunks, 0, int(rows.sum()), rids, rows, **steps)
     parts = [events._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM "
                                 f"({events.events_sql(query, chunk, ordered=False)}) "
                                 "GROUP BY ALL ORDER BY rid NULLS LAST, unit", {**params, **chunk.params})
@@ -98,25 +104,12 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
     units = np.asarray(counts.column("unit").to_pylist(), dtype=object)
     order = np.argsort(units, kind="stable")
     return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, [rid[i] for i in starts], rid_rows,
-                   units[order], np.asarray(counts.column("workload").to_pylist(), dtype=object)[order])
+                   units[order], np.asarray(counts.column("workload").to_pylist(), dtype=object)[order], **steps)
 
 
 def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk):
     table = events._fetch(con, events.events_sql(plan.query, chunk), {**plan.params, **chunk.params})
     return events._events(table, run_id, labels, plan.mode, plan.gamma, plan.source)
-
-
-def _weights(n_groups: int, n_resamples: int, seed: int) -> np.ndarray:
-    """``calibration_metrics._multinomial_weights`` as uint8, drawn in blocks (the same numbers)."""
-    rng = np.random.default_rng(seed)
-    out = np.empty((n_resamples, n_groups), dtype=np.uint8)
-    p = np.full(n_groups, 1.0 / n_groups)
-    for start in range(0, n_resamples, _WEIGHT_BLOCK):
-        block = rng.multinomial(n_groups, p, size=min(_WEIGHT_BLOCK, n_resamples - start))
-        if block.max(initial=0) > 255:
-            raise OverflowError("a bootstrap weight exceeds 255")  # impossible in practice: ~Poisson(1)
-        out[start:start + block.shape[0]] = block
-    return out
 
 
 @dataclass
@@ -133,66 +126,137 @@ class _Cell:
     bins: dict = field(default_factory=dict)   # binning -> [count, pred_sum, true_sum]
     boot: dict = field(default_factory=dict)   # binning -> [W@psum, W@ysum, W@count]
 
+    def __add__(self, other: "_Cell") -> "_Cell":
+        """The cell of two disjoint sets of whole requests (the same bin edges)."""
+        out = _Cell(self.n + other.n, self.n_requests + other.n_requests, self.p_sum + other.p_sum,
+                    self.y_sum + other.y_sum, self.sq_sum + other.sq_sum, self.log_sum + other.log_sum,
+                    {**other.edges, **self.edges})
+        for name in {*self.bins, *other.bins}:
+            a, b = self.bins.get(name), other.bins.get(name)
+            out.bins[name] = [x + y for x, y in zip(a, b)] if a and b else list(a or b)
+        for name in {*self.boot, *other.boot}:
+            a, b = self.boot.get(name), other.boot.get(name)
+            out.boot[name] = [x + y for x, y in zip(a, b)] if a and b else list(a or b)
+        return out
+
 
 def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binnings, n_bootstrap: int,
                         confidence_level: float, seed: int, sample_rows: int = DEFAULT_SAMPLE_ROWS,
-                        progress: Callable[[int, int], None] | None = None) -> tuple[pa.Table, pa.Table, tuple]:
+                        progress: Callable[[int, int], None] | None = None, engine=None) -> tuple[pa.Table, pa.Table, tuple]:
     """The ``calibration`` and ``calibration_bins`` rows and the notes, a chunk of requests at a time.
 
-    With ``n_bootstrap`` the plan must hold the run's units (``plan_run(units=True)``).
+    ``engine`` (a :class:`dspark_obs.ray_engine.RayEngine`) accumulates shards of
+    the requests (by rid hash) as Ray tasks and merges their sums.
     """
     specs = {name: metrics.parse_binning(name) for name in binnings}
-    boot = _Bootstrap(plan, n_bootstrap, seed) if n_bootstrap else None
+    sample = SampleEdges.of(con, plan, run_id, labels, specs, sample_rows)
+    total_rows = sum(chunk.rows for chunk in plan.chunks)
+    if engine is None:
+        done = [0]
 
-    sample, _ = _load(con, plan, run_id, labels, sample_requests(plan.rids, plan.rid_rows, max_rows=sample_rows))
-    gamma = sample.gamma
-    by_sample: dict = {}
-    for w, mask in _groups(sample.workload):
-        for k in range(gamma):
-            y, p = sample.y[mask, k], sample.survival[mask, k]
-            ok = ~np.isnan(y) & ~np.isnan(p)
-            by_sample[w, k] = (y[ok], np.clip(p[ok], 0.0, 1.0))
-    del sample
+        def advance(rows: int) -> None:
+            done[0] += rows
+            if progress is not None:
+                progress(done[0], total_rows)
 
-    def edges(w: str, k: int, name: str) -> np.ndarray:
-        _, p = by_sample.get((w, k), (None, np.zeros(0)))
-        n_bins, strategy = specs[name]
-        return metrics._edges(np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB), n_bins, strategy)
+        cells, counts = accumulate_chunks(con, plan, run_id, plan.chunks, labels=labels, specs=specs,
+                                          edges=sample.edges, n_bootstrap=n_bootstrap, seed=seed, progress=advance)
+    else:
+        from dspark_obs.estimators import calibration_ray
 
-    cells: dict = {}
-    counts = {"rows": 0, "censored": 0, "fractional": 0}
-    done, total_rows = 0, sum(chunk.rows for chunk in plan.chunks)
-    for chunk in plan.chunks:
-        ev, c = _load(con, plan, run_id, labels, chunk)
-        for key in counts:
-            counts[key] += c[key]
-        for w, mask in _groups(ev.workload):
-            rows = np.flatnonzero(mask)
-            cols, local = boot.columns(w, ev.rid[rows]) if boot else _local_units(ev.rid[rows])
-            weights = boot.weights(w, cols) if boot else None
-            for k in range(gamma):
-                cell = cells.setdefault((w, k), _Cell())
-                _add(cell, ev.y[rows, k], ev.survival[rows, k], local, cols.size, weights,
-                     {name: (*specs[name], cell.edges.setdefault(name, edges(w, k, name))) for name in binnings})
-        done += chunk.rows
-        del ev
-        if progress is not None:
-            progress(done, total_rows)
+        cells, counts = calibration_ray.accumulate(engine, con, plan, run_id, labels=labels, specs=specs,
+                                                   edges=sample.edges, n_bootstrap=n_bootstrap, seed=seed,
+                                                   progress=progress, total=total_rows)
     counts["total"] = plan.total or events._check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
     rows, bin_rows = [], []
     names = sorted({w for w, _ in cells} - {"*"})
     for w in ["*", *names]:
-        for k in range(gamma):
+        for k in range(sample.gamma):
             cell = cells.get((w, k), _Cell())
-            y, p = by_sample.get((w, k), (np.zeros(0), np.zeros(0)))
+            y, p = sample.labelled.get((w, k), (np.zeros(0), np.zeros(0)))
             auroc = cal._none_if_nan(metrics.auroc_score(y, p)) if y.size else None
-            r, b = _rows(cell, auroc, w, k, labels, plan, binnings, confidence_level,
-                         n_bootstrap if boot and boot.has(w) else 0)
+            r, b = _rows(cell, auroc, w, k, labels, plan, binnings, confidence_level, n_bootstrap)
             rows += r
             bin_rows += b
     notes = events._notes(labels, plan.mode, plan.params.get("method"), counts)
     return (pa.Table.from_pylist(rows, schema=cal.CALIBRATION.remove_metadata()),
             pa.Table.from_pylist(bin_rows, schema=cal.CALIBRATION_BINS.remove_metadata()), notes)
+
+
+@dataclass
+class SampleEdges:
+    """What needs every step at once, from a sample of whole requests: AUROC's pairs and bin edges."""
+
+    gamma: int
+    labelled: dict             # (workload, k) -> (y, p) of the sample, for AUROC (stays with the driver)
+    edges: "BinEdges"
+
+    @classmethod
+    def of(cls, con, plan: RunPlan, run_id: str, labels: str, specs: dict, sample_rows: int) -> "SampleEdges":
+        sample, _ = _load(con, plan, run_id, labels, sample_requests(plan.rids, plan.rid_rows, max_rows=sample_rows))
+        labelled: dict = {}
+        for w, mask in _groups(sample.workload):
+            for k in range(sample.gamma):
+                y, p = sample.y[mask, k], sample.survival[mask, k]
+                ok = ~np.isnan(y) & ~np.isnan(p)
+                labelled[w, k] = (y[ok], np.clip(p[ok], 0.0, 1.0))
+        edges = {(w, k, name): _edges_of(p, specs[name]) for (w, k), (_, p) in labelled.items() for name in specs}
+        return cls(sample.gamma, labelled, BinEdges(edges, specs))
+
+
+def _edges_of(p: np.ndarray, spec: tuple[int, str]) -> np.ndarray:
+    n_bins, strategy = spec
+    return metrics._edges(np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB), n_bins, strategy)
+
+
+@dataclass(frozen=True)
+class BinEdges:
+    """Bin edges per (workload, position, binning) from the sample; a cell the sample lacks gets
+    the edges of no data (small: this is what every worker receives)."""
+
+    table: dict
+    specs: dict
+
+    def __call__(self, w: str, k: int, name: str) -> np.ndarray:
+        found = self.table.get((w, k, name))
+        return found if found is not None else _edges_of(np.zeros(0), self.specs[name])
+
+
+def accumulate_chunks(con, plan: RunPlan, run_id: str, chunks: list, *, labels: str, specs: dict, edges: BinEdges,
+                      n_bootstrap: int, seed: int, progress: Callable[[int], None] | None = None) -> tuple[dict, dict]:
+    """Sums of ``chunks`` per (workload, position): ``(cells, counts)``; the one per-chunk path, for the
+    local loop and for every worker.  Cells of disjoint requests add (:func:`merge_cells`)."""
+    cells: dict = {}
+    counts = {"rows": 0, "censored": 0, "fractional": 0}
+    for chunk in chunks:
+        ev, c = _load(con, plan, run_id, labels, chunk)
+        for key in counts:
+            counts[key] += c[key]
+        for w, mask in _groups(ev.workload):
+            rows = np.flatnonzero(mask)
+            cols, local = _local_units(ev.rid[rows])
+            weights = (resampling.poisson_weights(resampling.unit_keys(cols), n_bootstrap, seed)
+                       if n_bootstrap else None)
+            for k in range(ev.gamma):
+                cell = cells.setdefault((w, k), _Cell())
+                _add(cell, ev.y[rows, k], ev.survival[rows, k], local, len(cols), weights,
+                     {name: (*specs[name], cell.edges.setdefault(name, edges(w, k, name))) for name in specs})
+        if progress is not None:
+            progress(chunk.rows)
+        del ev
+    return cells, counts
+
+
+def merge_cells(parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+    """:func:`accumulate_chunks` of disjoint sets of whole requests as one."""
+    cells: dict = {}
+    counts = {"rows": 0, "censored": 0, "fractional": 0}
+    for part_cells, part_counts in parts:
+        for key in counts:
+            counts[key] += part_counts[key]
+        for key, cell in part_cells.items():
+            cells[key] = cells[key] + cell if key in cells else cell
+    return cells, counts
 
 
 def _groups(workload: np.ndarray) -> list[tuple[str, np.ndarray]]:
@@ -203,49 +267,12 @@ def _groups(workload: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return [("*", np.ones(codes.size, bool))] + [(str(n), codes == i) for i, n in enumerate(names)]
 
 
-def _local_units(units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Distinct units of a chunk (as placeholders) and each row's number among them."""
+def _local_units(units: np.ndarray) -> tuple[list, np.ndarray]:
+    """Distinct units of a chunk and each row's number among them."""
     import pandas as pd
 
     codes, uniques = pd.factorize(np.asarray(units, dtype=object), use_na_sentinel=False)
-    return np.arange(len(uniques)), codes.astype(np.int64)
-
-
-class _Bootstrap:
-    """One pass's multinomial weights per workload group, columns in sorted unit order."""
-
-    def __init__(self, plan: RunPlan, n_bootstrap: int, seed: int) -> None:
-        self._index = _Index(plan.units)
-        workloads = ["*", *sorted(set(plan.unit_workload.tolist()))]
-        self._in = {w: np.ones(plan.units.size, bool) if w == "*" else plan.unit_workload == w for w in workloads}
-        self._rank = {w: np.cumsum(m) - 1 for w, m in self._in.items()}   # unit -> column in its group
-        self._w = {w: _weights(int(m.sum()), n_bootstrap, seed + i)
-                   for i, (w, m) in enumerate(self._in.items()) if m.any()}
-
-    def has(self, workload: str) -> bool:
-        return workload in self._w
-
-    def columns(self, workload: str, units: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        cols, local = np.unique(self._rank[workload][self._index(units)], return_inverse=True)
-        return cols, local.reshape(-1)
-
-    def weights(self, workload: str, cols: np.ndarray) -> np.ndarray:
-        return self._w[workload][:, cols].astype(np.float64)
-
-
-class _Index:
-    """Position of each unit string among the plan's sorted units."""
-
-    def __init__(self, units: np.ndarray) -> None:
-        import pandas as pd
-
-        self._index = pd.Index(units)
-
-    def __call__(self, values: np.ndarray) -> np.ndarray:
-        found = self._index.get_indexer(np.asarray(values, dtype=object))
-        if (found < 0).any():
-            raise RuntimeError("a request appeared after the run was planned; re-run calibrate")
-        return found
+    return list(uniques), codes.astype(np.int64)
 
 
 def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int, weights: np.ndarray | None,

@@ -20,6 +20,8 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtri
 
+from dspark_obs.estimators import resampling
+
 __all__ = [
     "EPS_PROB", "BINNINGS", "ReliabilityCurve",
     "expected_calibration_error", "maximum_calibration_error", "debiased_calibration_error",
@@ -299,8 +301,10 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
 
     Steps of one request share its prompt and history, so they are not
     independent; resampling requests keeps that dependence.  Vectorised: the
-    per-(request, bin) sums are computed once and each resample is a multinomial
-    reweighting of them.  Bin edges stay those of the full sample.
+    per-(request, bin) sums are computed once and each resample is a Poisson(1)
+    reweighting of them, the weights drawn per group from ``(seed, group)``
+    (:mod:`~dspark_obs.estimators.resampling`), so a subset of the groups gets
+    the very weights the whole sample would.  Bin edges stay those of the full sample.
 
     The interval is normal, around the estimate, with the bootstrap standard
     error (clipped to [0, 1]) -- not the percentile interval: the ECE is biased
@@ -315,7 +319,7 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
     n_resamples : int, default 1000
     confidence_level : float, default 0.95
     seed : int, default 0
-        Seed of ``numpy.random.default_rng``: the same inputs give the same interval.
+        Seed of the per-group weights: the same inputs give the same interval.
 
     Returns ``(lo, hi)``; ``(nan, nan)`` for empty input.
 
@@ -334,16 +338,10 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
         raise ValueError(f"confidence_level must be in (0, 1), got {confidence_level!r}")
     if not y.size:
         return math.nan, math.nan
-    _, gidx = np.unique(g, return_inverse=True)
-    weights = _multinomial_weights(int(gidx.max()) + 1, n_resamples, seed)
+    uniques, gidx = np.unique(g, return_inverse=True)
+    weights = resampling.poisson_weights(resampling.unit_keys(uniques.tolist()), n_resamples, seed)
     b = _binned(y, p, n_bins, strategy)
     return _interval(_ece(b), _resampled_ece(weights, gidx, b, p, y), confidence_level)
-
-
-def _multinomial_weights(n_groups: int, n_resamples: int, seed: int) -> np.ndarray:
-    """[n_resamples, n_groups]: how often each group is drawn in each resample."""
-    rng = np.random.default_rng(seed)
-    return rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_resamples).astype(np.float64)
 
 
 def _resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: _Bins, p: np.ndarray, y: np.ndarray) -> np.ndarray:

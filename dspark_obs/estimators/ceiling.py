@@ -376,7 +376,8 @@ class CeilingRun:
 def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, method: Method = "default",
                  sglang_logprobs: pa.Table | None = None, n_bootstrap: int = 1000, seed: int = 0,
                  write: bool = True, chunk_rows: int | None = None, fit_rows: int | None = None,
-                 progress=None, temperature: float | None = None, alpha: float | None = None) -> CeilingRun:
+                 progress=None, temperature: float | None = None, alpha: float | None = None,
+                 engine=None) -> CeilingRun:
     """Estimate the ceiling of every request-step of ``run_id`` and write the result tables.
 
     ``con_or_store`` is a connection from :func:`dspark_obs.sql.connect` or a
@@ -408,6 +409,10 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     temperature, else ``temperature`` (an override for requests that recorded
     none), else inferred from the committed tokens with false-greedy rate at
     most ``alpha``; the ``ceiling`` rows say which (``sampling_source``).
+
+    ``engine`` (a :class:`dspark_obs.ray_engine.RayEngine`) runs the chunks as
+    Ray tasks over shards of requests by rid hash: the same per-step rows, and the
+    same summary and validation up to the order of float additions.
     """
     from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
     from dspark_obs.estimators.ceiling_io import run_estimate
@@ -416,4 +421,4 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
                         sglang_logprobs=sglang_logprobs, n_bootstrap=n_bootstrap, seed=seed, write=write,
                         chunk_rows=chunk_rows or DEFAULT_CHUNK_ROWS, fit_rows=fit_rows or DEFAULT_FIT_ROWS,
                         progress=progress, temperature=temperature,
-                        alpha=sampling.DEFAULT_ALPHA if alpha is None else alpha)
+                        alpha=sampling.DEFAULT_ALPHA if alpha is None else alpha, engine=engine)

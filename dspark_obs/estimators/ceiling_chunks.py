@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["Chunk", "plan_chunks", "sample_requests", "rid_hash", "DEFAULT_CHUNK_ROWS", "DEFAULT_FIT_ROWS"]
+__all__ = ["Chunk", "plan_chunks", "sample_requests", "shard_requests", "rid_hash", "DEFAULT_CHUNK_ROWS",
+           "DEFAULT_FIT_ROWS"]
 
 DEFAULT_CHUNK_ROWS = 150_000
 """Request-steps per chunk: about 0.5 GB of working memory in the estimator."""
@@ -49,13 +50,15 @@ class Chunk:
 ALL = Chunk("TRUE")
 
 
-def plan_chunks(rids: list, counts: np.ndarray, *, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> list[Chunk]:
+def plan_chunks(rids: list, counts: np.ndarray, *, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                listed: bool = False) -> list[Chunk]:
     """Group requests, in the given (sorted) order, into chunks of about ``chunk_rows`` steps.
 
     ``rids`` are the run's distinct rids sorted as the database sorts them, with
     ``None`` (steps without a rid) last; ``counts`` their steps.  A request larger
     than ``chunk_rows`` is a chunk of its own; a run that fits is one chunk
-    without a predicate.
+    without a predicate.  ``listed`` names each chunk's rids (for a shard of
+    :func:`shard_requests`, whose rids are not a contiguous range of the run).
 
     >>> [c.rows for c in plan_chunks(["a", "b", "c", None], np.array([3, 2, 4, 1]), chunk_rows=5)]
     [5, 4, 1]
@@ -64,28 +67,31 @@ def plan_chunks(rids: list, counts: np.ndarray, *, chunk_rows: int = DEFAULT_CHU
         raise ValueError(f"chunk_rows must be >= 1, got {chunk_rows}")
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
-    if total <= chunk_rows:
+    if total <= chunk_rows and not listed:
         return [Chunk("TRUE", rows=total, requests=len(rids))]
     chunks: list[Chunk] = []
     named = [i for i, r in enumerate(rids) if r is not None]
     start, rows = None, 0
     for i in named:
         if start is not None and rows + counts[i] > chunk_rows:
-            chunks.append(_range(rids, start, prev, rows))
+            chunks.append(_range(rids, start, prev, rows, listed))
             start, rows = None, 0
         if start is None:
             start = i
         rows += int(counts[i])
         prev = i
     if start is not None:
-        chunks.append(_range(rids, start, prev, rows))
+        chunks.append(_range(rids, start, prev, rows, listed))
     unnamed = [i for i, r in enumerate(rids) if r is None]
     if unnamed:
         chunks.append(Chunk("{rid} IS NULL", rows=int(counts[unnamed].sum()), requests=1))
     return chunks
 
 
-def _range(rids: list, first: int, last: int, rows: int) -> Chunk:
+def _range(rids: list, first: int, last: int, rows: int, listed: bool = False) -> Chunk:
+    if listed:
+        named = [str(r) for r in rids[first:last + 1] if r is not None]
+        return Chunk("{rid} IN (SELECT unnest($chunk_rids))", {"chunk_rids": named}, rows=rows, requests=len(named))
     return Chunk("{rid} BETWEEN $chunk_lo AND $chunk_hi", {"chunk_lo": rids[first], "chunk_hi": rids[last]},
                  rows=rows, requests=last - first + 1)
 
@@ -94,6 +100,26 @@ def rid_hash(rids: list) -> np.ndarray:
     """A stable 64-bit hash of each rid (BLAKE2b; ``None`` hashes as the empty string)."""
     return np.array([int.from_bytes(hashlib.blake2b((r or "").encode(), digest_size=8).digest(), "little")
                      for r in rids], dtype=np.uint64)
+
+
+def shard_requests(rids: list, counts: np.ndarray, n_shards: int) -> list[tuple[list, np.ndarray]]:
+    """Split a run's requests into ``n_shards`` by rid hash: ``(rids, counts)`` per shard, in run order.
+
+    The split depends only on the rids (the same shards on every machine); a
+    request is never split.
+
+    >>> [len(r) for r, _ in shard_requests(list("abcdefgh"), np.ones(8), 2)]  # 6 + 2: a hash, not a deal
+    [6, 2]
+    """
+    if n_shards < 1:
+        raise ValueError(f"n_shards must be >= 1, got {n_shards}")
+    which = rid_hash(rids) % np.uint64(n_shards)
+    counts = np.asarray(counts, dtype=np.int64)
+    out = []
+    for s in range(n_shards):
+        idx = np.flatnonzero(which == s)
+        out.append(([rids[i] for i in idx], counts[idx]))
+    return out
 
 
 def sample_requests(rids: list, counts: np.ndarray, *, max_rows: int = DEFAULT_FIT_ROWS) -> Chunk:

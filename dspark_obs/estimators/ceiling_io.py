@@ -10,14 +10,12 @@ and ``ceiling_validation``.  Use it through
 
 from __future__ import annotations
 
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import ceiling_stats, pairing, sampling
@@ -27,10 +25,11 @@ from dspark_obs.estimators.ceiling_chunks import (ALL, DEFAULT_CHUNK_ROWS, DEFAU
                                                   sample_requests)
 from dspark_obs.estimators.ceiling_evidence import check_alignment, draft_evidence, padded_lists, token_index
 from dspark_obs.estimators.ceiling_prior import AcceptanceModel, BinnedPrior, fit_acceptance_model, fit_binned_prior
-from dspark_obs.estimators.ceiling_walk import CATEGORIES
+from dspark_obs.estimators.ceiling_partial import (RunPartial, RunTotals, StagedCeiling, rid_positions,
+                                                   workload_labels)
 from dspark_obs.store import validate_run_id
 
-__all__ = ["run_estimate", "RESULT_TABLES"]
+__all__ = ["run_estimate", "plan_estimate", "estimate_chunks", "finish_estimate", "RunPlan", "RESULT_TABLES"]
 
 RESULT_TABLES = ("ceiling", "ceiling_summary", "ceiling_validation")
 _MISALIGNED_SHARE = 0.2
@@ -161,6 +160,8 @@ class _Aligned:
     misaligned: list[str]
     natural_end: np.ndarray
     code: np.ndarray          # request code per step (-1: no rid), in rid order within the chunk
+    rids: pa.Array            # the chunk's rids, by code
+    misaligned_codes: np.ndarray
     n_requests: int
     bad_steps: int
     checked_steps: int
@@ -213,9 +214,10 @@ def _aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, cor
         evidence = draft_evidence(index, np.where(misaligned[slot], -1, code), first_pos, drafts)
     complete = np.bincount(tcode, minlength=n_req + 1)[slot] == _np(steps, "completion_tokens", np.int64, -1)
     stop = pc.fill_null(pc.equal(steps.column("finish_reason"), "stop"), False).to_numpy(zero_copy_only=False)
-    names = np.asarray(rids.to_pylist(), dtype=object)[np.flatnonzero(misaligned[:-1])]
-    return _Aligned(evidence, [str(r) for r in names], stop & complete & ~misaligned[slot], code, n_req,
-                    int(bad.sum()), int(checked.sum()))
+    bad_codes = np.flatnonzero(misaligned[:-1])
+    names = np.asarray(rids.to_pylist(), dtype=object)[bad_codes]
+    return _Aligned(evidence, [str(r) for r in names], stop & complete & ~misaligned[slot], code, rids, bad_codes,
+                    n_req, int(bad.sum()), int(checked.sum()))
 
 
 def _sglang_arrays(steps: pa.Table, logprobs: pa.Table | None, gamma: int):
@@ -353,107 +355,131 @@ def _fit(x: _Inputs) -> _Models:
     return _Models(model, drafter, use, fit_binned_prior(x.conf, x.window, x.correct, ~x.greedy))
 
 
-def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprobs, n_bootstrap: int,
-                 seed: int, write: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS, fit_rows: int = DEFAULT_FIT_ROWS,
-                 progress: Callable[[int, int], None] | None = None, temperature: float | None = None,
-                 alpha: float = sampling.DEFAULT_ALPHA) -> CeilingRun:
+@dataclass
+class RunPlan:
+    """What every chunk of a run needs, decided once by the driver (picklable, so workers get it)."""
+
+    run_id: str
+    rids: list                 # the run's rids as the database sorts them, None last
+    counts: np.ndarray         # their steps
+    chunks: list               # the local path's chunks (contiguous rid ranges)
+    sample: Chunk              # requests the models are fitted on
+    mode: str
+    gamma: int
+    companion: str | None
+    method: str
+    inferred: _Inferred
+    sglang_logprobs: pa.Table | None
+    temperature: float | None
+    model: _Models | None = None   # None: fitted on the only chunk, as one pass would
+
+
+def plan_estimate(con, run_id: str, root, *, companion, method, sglang_logprobs, chunk_rows: int, fit_rows: int,
+                  temperature: float | None, alpha: float, fit: bool = False) -> RunPlan:
+    """Plan the run's chunks and fit the models on the sample (unless the run is one chunk and not ``fit``)."""
     validate_run_id(run_id)
-    con, store = _open(con_or_store)
-    rids, counts = _plan(con, run_id, store.root)
+    rids, counts = _plan(con, run_id, root)
     chunks = plan_chunks(rids, counts, chunk_rows=chunk_rows)
     sample = sample_requests(rids, counts, max_rows=fit_rows)
     mode, gamma = _run_meta(con, run_id)
     gamma = _run_gamma(con, run_id, gamma)
     if companion is None and mode == "compact":
         companion = pairing.companion_of(con, run_id)
-    inferred = _infer_sampling(con, run_id, alpha)
-    model = None
-    if not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk, as one pass would
-        fit_inputs, _, _ = _inputs(con, run_id, store.root, sample, gamma, inferred=inferred, temperature=temperature)
-        model = _fit(fit_inputs)
-        del fit_inputs
-    total, done = int(counts.sum()), 0
-    acc = _RunTotals()
-    with _Staged(write) as staged:
-        for chunk in chunks:
-            x, mode, gamma = _inputs(con, run_id, store.root, chunk, gamma, inferred=inferred, temperature=temperature)
-            if model is None:
-                model = _fit(x)
-            part = _estimate_chunk(con, run_id, x, chunk, mode=mode, gamma=gamma, method=method, model=model,
-                                   companion=companion, sglang_logprobs=sglang_logprobs)
-            acc.add(x, part)
-            staged.add(part.ceiling)
-            done += x.steps.num_rows
-            del x, part
-            if progress is not None:
-                progress(done, total)
-        _check_alignment_share(run_id, acc.bad, acc.checked)
-        summary = pa.Table.from_pylist(
-            [{**r, "method": method} for r in ceiling_stats.summarize_totals(
-                ceiling_stats.concat_totals(acc.totals), n_bootstrap=n_bootstrap, seed=seed)],
-            schema=_file_schema("ceiling_summary"))
-        rows = acc.validation_rows()
-        source = acc.source
-        companion = companion if source == "companion" else None
-        validation = pa.Table.from_pylist(
-            [{**r, "method": method, "truth_source": source, "companion_run": companion} for r in rows],
-            schema=_file_schema("ceiling_validation")) if rows else None
+    plan = RunPlan(run_id, rids, counts, chunks, sample, mode, gamma, companion, method,
+                   _infer_sampling(con, run_id, alpha), sglang_logprobs, temperature)
+    if fit or not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk
+        fit_inputs, _, _ = _inputs(con, run_id, root, sample, gamma, inferred=plan.inferred, temperature=temperature)
+        plan.model = _fit(fit_inputs)
+    return plan
+
+
+def estimate_chunks(con, plan: RunPlan, chunks: list, root, *, n_bootstrap: int, seed: int,
+                    sink: Callable[[pa.Table], None], progress: Callable[[int], None] | None = None) -> RunPartial:
+    """Estimate ``chunks`` of the run: each chunk's ``ceiling`` rows go to ``sink``; returns their
+    :class:`RunPartial`.  The one per-chunk path, for the local loop and for every worker."""
+    acc = RunTotals(rid_positions(plan.rids))
+    model = plan.model
+    for chunk in chunks:
+        x, mode, gamma = _inputs(con, plan.run_id, root, chunk, plan.gamma, inferred=plan.inferred,
+                                 temperature=plan.temperature)
+        if model is None:
+            model = _fit(x)
+        part = _estimate_chunk(con, plan.run_id, x, chunk, mode=mode, gamma=gamma, method=plan.method, model=model,
+                               companion=plan.companion, sglang_logprobs=plan.sglang_logprobs)
+        acc.add(x, part)
+        sink(part.ceiling)
+        if progress is not None:
+            progress(x.steps.num_rows)
+        del x, part
+    return acc.finish(n_bootstrap=n_bootstrap, seed=seed)
+
+
+def finish_estimate(plan: RunPlan, partial: RunPartial, *, n_bootstrap: int) -> tuple[pa.Table, pa.Table | None, str | None]:
+    """``(ceiling_summary, ceiling_validation or None, companion validated against)`` of the run's partial."""
+    _check_alignment_share(plan.run_id, partial.bad, partial.checked)
+    summary = pa.Table.from_pylist([{**r, "method": plan.method} for r in partial.summary_rows(n_bootstrap)],
+                                   schema=_file_schema("ceiling_summary"))
+    rows = partial.validation_rows()
+    companion = plan.companion if partial.source == "companion" else None
+    validation = pa.Table.from_pylist(
+        [{**r, "method": plan.method, "truth_source": partial.source, "companion_run": companion} for r in rows],
+        schema=_file_schema("ceiling_validation")) if rows else None
+    return summary, validation, companion
+
+
+def result_of(plan: RunPlan, partial: RunPartial, summary, validation, companion, *, table=None,
+              store=None) -> CeilingRun:
+    return CeilingRun(run_id=plan.run_id, method=plan.method, gamma=plan.gamma, summary=summary,
+                      validation=validation, truth_source=partial.source, companion=companion,
+                      steps_with_truth=(partial.all_sums or {}).get("n", 0),
+                      misaligned_requests=partial.misaligned_rids(), num_rows=int(plan.counts.sum()), table=table,
+                      sampling_counts=dict(sorted(partial.sampling.items())), store=store)
+
+
+def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprobs, n_bootstrap: int,
+                 seed: int, write: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS, fit_rows: int = DEFAULT_FIT_ROWS,
+                 progress: Callable[[int, int], None] | None = None, temperature: float | None = None,
+                 alpha: float = sampling.DEFAULT_ALPHA, engine=None) -> CeilingRun:
+    """The estimate of one run, locally or (``engine``, a :class:`dspark_obs.ray_engine.RayEngine`) on Ray."""
+    con, store = _open(con_or_store)
+    plan = plan_estimate(con, run_id, store.root, companion=companion, method=method, sglang_logprobs=sglang_logprobs,
+                         chunk_rows=chunk_rows, fit_rows=fit_rows, temperature=temperature, alpha=alpha,
+                         fit=engine is not None)
+    if engine is not None:
+        from dspark_obs.estimators import ceiling_ray
+
+        return ceiling_ray.run(engine, plan, store, chunk_rows=chunk_rows, n_bootstrap=n_bootstrap, seed=seed,
+                               write=write, progress=progress)
+    total, done = int(plan.counts.sum()), [0]
+
+    def advance(rows: int) -> None:
+        done[0] += rows
+        if progress is not None:
+            progress(done[0], total)
+
+    with StagedCeiling(write) as staged:
+        partial = estimate_chunks(con, plan, plan.chunks, store.root, n_bootstrap=n_bootstrap, seed=seed,
+                                  sink=staged.add, progress=advance)
+        summary, validation, companion = finish_estimate(plan, partial, n_bootstrap=n_bootstrap)
         if write:
-            for table in RESULT_TABLES:
-                store.drop_run(table, run_id)
-            for part in staged.parts():
-                store.write("ceiling", run_id, part)
-            store.write("ceiling_summary", run_id, summary)
-            if validation is not None:
-                store.write("ceiling_validation", run_id, validation)
+            replace_results(store, run_id, staged.parts(), summary, validation)
         ceiling = None if write else staged.table()
-    return CeilingRun(run_id=run_id, method=method, gamma=gamma, summary=summary, validation=validation,
-                      truth_source=source, companion=companion, steps_with_truth=acc.all_sums["n"],
-                      misaligned_requests=acc.misaligned, num_rows=total, table=ceiling,
-                      sampling_counts=dict(sorted(acc.sampling.items())),
-                      store=store if write else None)
+    return result_of(plan, partial, summary, validation, companion, table=ceiling, store=store if write else None)
 
 
-@dataclass
-class _RunTotals:
-    """What the summary, the validation and the run-wide checks keep of each chunk (small)."""
-
-    offset: int = 0            # request codes handed out so far
-    bad: int = 0
-    checked: int = 0
-    source: str | None = None
-    all_sums: dict | None = None
-    totals: list = field(default_factory=list)
-    known: list = field(default_factory=list)
-    misaligned: list = field(default_factory=list)
-    workloads: dict = field(default_factory=dict)
-    sampling: dict = field(default_factory=dict)   # (sampling, source) -> requests
-
-    def add(self, x: "_Inputs", part: "_ChunkResult") -> None:
-        _, first = np.unique(x.aligned.code, return_index=True)
-        for key in zip(x.sampling[first].tolist(), x.sampling_source[first].tolist()):
-            self.sampling[key] = self.sampling.get(key, 0) + 1
-        code = np.where(x.aligned.code < 0, -1, x.aligned.code + self.offset)
-        self.offset += x.aligned.n_requests
-        self.bad += x.aligned.bad_steps
-        self.checked += x.aligned.checked_steps
-        self.misaligned += x.aligned.misaligned
-        self.source = self.source or part.source
-        self.totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
-                                                        window=x.window, **part.summary_columns))
-        self.all_sums = ceiling_stats.add_stat_sums(self.all_sums, part.known_sums)
-        kept = part.censored_known
-        names = {w: self.workloads.setdefault(w, len(self.workloads)) for w in set(kept["workload"])}
-        kept["workload"] = np.asarray([names[w] for w in kept["workload"]], dtype=np.int16)
-        self.known.append(kept)
-
-    def validation_rows(self) -> list[dict]:
-        kn = {k: np.concatenate([p[k] for p in self.known]) for k in self.known[0]}
-        self.known = []
-        return ceiling_stats.validate_parts(
-            self.all_sums, kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"],
-            category=np.asarray(CATEGORIES, dtype=object)[kn["category"]],
-            workload=np.asarray(list(self.workloads), dtype=object)[kn["workload"]], greedy=kn["greedy"])
+def replace_results(store, run_id: str, ceiling_parts, summary: pa.Table, validation: pa.Table | None) -> None:
+    """Drop the run's old result partitions and write the new ones (``ceiling_parts``: tables, or a
+    staged batch name the workers wrote to)."""
+    for table in RESULT_TABLES:
+        store.drop_run(table, run_id)
+    if isinstance(ceiling_parts, str):
+        store.commit_staged("ceiling", run_id, ceiling_parts)
+    else:
+        for part in ceiling_parts:
+            store.write("ceiling", run_id, part)
+    store.write("ceiling_summary", run_id, summary)
+    if validation is not None:
+        store.write("ceiling_validation", run_id, validation)
 
 
 @dataclass
@@ -463,6 +489,7 @@ class _ChunkResult:
     summary_columns: dict
     known_sums: dict           # validation sums over every step with a truth
     censored_known: dict       # per-step columns of the censored steps with a truth, for the validation
+    censored_rows: np.ndarray  # which steps those are
     source: str | None
 
 
@@ -474,7 +501,7 @@ def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, ga
                            method=method, model=model.acceptance, drafter=model.drafter,
                            use_drafter=model.use_drafter, binned_prior=model.binned)
     ceiling = _ceiling_table(x.steps, est, x, method)
-    workload = pc.fill_null(x.steps.column("workload"), "unknown").to_numpy(zero_copy_only=False)
+    workload = workload_labels(x.steps)
     truth, source = _truth(con, run_id, x.steps, mode, companion, chunk)
     censored = est.walk.censored
     emu = np.where(censored, _np(x.steps, "emu_expected_given_window", np.float64, np.nan), np.nan)
@@ -485,61 +512,8 @@ def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, ga
             "emu": emu[base].astype(np.float32), "category": est.walk.category[base],
             "workload": workload[base], "greedy": x.greedy[base]}
     return _ChunkResult(ceiling, workload, {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
-                        ceiling_stats.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), kept, source)
-
-
-class _Staged:
-    """Chunks of the ``ceiling`` table kept on disk until the whole run succeeded.
-
-    The run's old results are replaced only after every chunk was computed, so a
-    failure leaves them as they were.  Without ``write`` the chunks stay in memory
-    (the caller asked for the table).
-    """
-
-    def __init__(self, to_disk: bool) -> None:
-        self._to_disk = to_disk
-        self._tables: list[pa.Table] = []
-        self._dir = None
-        self._writer = None
-
-    def __enter__(self) -> "_Staged":
-        if self._to_disk:
-            self._dir = tempfile.TemporaryDirectory(prefix="dspark-obs-ceiling-")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._dir is not None:
-            self._dir.cleanup()
-
-    def add(self, table: pa.Table) -> None:
-        if not self._to_disk:
-            self._tables.append(table)
-            return
-        if self._writer is None:
-            self._path = f"{self._dir.name}/ceiling.parquet"
-            self._writer = pq.ParquetWriter(self._path, table.schema, compression="lz4")
-        self._writer.write_table(table)
-
-    def parts(self, rows: int = 250_000):
-        """The staged rows in order, as tables of about ``rows`` rows."""
-        if self._writer is None:
-            return
-        self._writer.close()
-        self._writer = None
-        batches, n = [], 0
-        for batch in pq.ParquetFile(self._path).iter_batches(batch_size=65_536):
-            batches.append(batch)
-            n += batch.num_rows
-            if n >= rows:
-                yield pa.Table.from_batches(batches)
-                batches, n = [], 0
-        if batches:
-            yield pa.Table.from_batches(batches)
-
-    def table(self) -> pa.Table:
-        return pa.concat_tables(self._tables) if self._tables else None
+                        ceiling_stats.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), kept, base,
+                        source)
 
 
 def _file_schema(table: str) -> pa.Schema:

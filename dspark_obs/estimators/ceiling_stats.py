@@ -15,7 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["summarize", "summarize_totals", "request_totals", "concat_totals", "RequestTotals", "validate",
+from dspark_obs.estimators import resampling
+
+__all__ = ["summarize", "summarize_totals", "summary_sums", "merge_summary_sums", "summary_rows", "GroupSums",
+           "request_totals", "concat_totals", "RequestTotals", "validate",
            "validate_parts", "stat_sums", "add_stat_sums", "equal_count_bins", "N_BINS"]
 
 N_BINS = 8
@@ -39,36 +42,54 @@ def _groups(labels: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return groups
 
 
-_RESAMPLE_BLOCK = 64  # bootstrap resamples drawn and reduced at a time
+def _ratio_stats(num: np.ndarray, den: np.ndarray, ratio_pairs: list[tuple[int, int]]) -> np.ndarray:
+    """Means ``num / den`` per column, then ratios of two numerator sums (last axis)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        means = num / np.asarray(den)[..., None]
+        ratios = [num[..., i] / num[..., j] for i, j in ratio_pairs]
+    return np.concatenate([means, np.stack(ratios, axis=-1)], axis=-1) if ratios else means
 
 
-def _bootstrap_ratios(sums: np.ndarray, den: np.ndarray, ratio_pairs: list[tuple[int, int]], *,
-                      n_bootstrap: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+@dataclass
+class GroupSums:
+    """One group's sufficient statistics: plain sums and their bootstrap reweightings.
+
+    ``boot_sums [B, m]`` and ``boot_den [B]`` are ``weights @ per-request sums`` with
+    the per-request Poisson weights of :mod:`resampling`, so the sums of disjoint
+    sets of requests add up (:func:`merge_group_sums`) to the whole run's.
+    """
+
+    requests: int
+    sums: np.ndarray       # [m]
+    den: float
+    boot_sums: np.ndarray  # [B, m]
+    boot_den: np.ndarray   # [B]
+
+    def __add__(self, other: "GroupSums") -> "GroupSums":
+        return GroupSums(self.requests + other.requests, self.sums + other.sums, self.den + other.den,
+                         self.boot_sums + other.boot_sums, self.boot_den + other.boot_den)
+
+
+def group_sums(sums: np.ndarray, den: np.ndarray, keys: np.ndarray, *, n_bootstrap: int, seed: int) -> GroupSums:
+    """:class:`GroupSums` of per-request ``sums [r, m]`` and ``den [r]`` (one row per request, key ``keys``)."""
+    boot_sums, boot_den = np.zeros((n_bootstrap, sums.shape[1])), np.zeros(n_bootstrap)
+    for start in range(0, n_bootstrap, resampling.BLOCK):  # bounded memory: [64, r] weights at a time
+        weights = resampling.poisson_weights(keys, min(resampling.BLOCK, n_bootstrap - start), seed, start=start)
+        boot_sums[start:start + weights.shape[0]] = weights @ sums
+        boot_den[start:start + weights.shape[0]] = weights @ den
+    return GroupSums(int(den.size), sums.sum(axis=0), float(den.sum()), boot_sums, boot_den)
+
+
+def _bootstrap_ratios(g: GroupSums, ratio_pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
     """Point values and 95% percentile intervals of sum(num)/sum(den) per column, plus
-    ratios of two numerator sums, resampling requests with replacement.
+    ratios of two numerator sums, over the request resamples in ``g``.
 
-    ``sums [r, m]`` and ``den [r]`` are per-request totals (one row per request).
     Returns ``values [m + r]`` and ``ci [2, m + r]``.
     """
-    r = den.size
-
-    def stats(num: np.ndarray, d: np.ndarray) -> np.ndarray:
-        with np.errstate(invalid="ignore", divide="ignore"):
-            means = num / d[..., None]
-            ratios = [num[..., i] / num[..., j] for i, j in ratio_pairs]
-        return np.concatenate([means, np.stack(ratios, axis=-1)], axis=-1) if ratios else means
-
-    values = stats(sums.sum(axis=0), np.asarray(den.sum()))
-    if n_bootstrap <= 0 or r < 2:
+    values = _ratio_stats(g.sums, np.asarray(g.den), ratio_pairs)
+    if g.boot_den.size == 0 or g.requests < 2:
         return values, np.stack([values, values])
-    # Resamples drawn a block at a time: the same stream as one [B, R] draw, without holding
-    # it (1000 resamples of 200k requests would be 1.6 GB of weights, twice over).
-    p = np.full(r, 1.0 / r)
-    boot = np.empty((n_bootstrap, values.size))
-    for start in range(0, n_bootstrap, _RESAMPLE_BLOCK):
-        weights = rng.multinomial(r, p, size=min(_RESAMPLE_BLOCK, n_bootstrap - start)).astype(np.float64)
-        boot[start:start + weights.shape[0]] = stats(weights @ sums, weights @ den)
-    return values, np.nanpercentile(boot, [2.5, 97.5], axis=0)
+    return values, np.nanpercentile(_ratio_stats(g.boot_sums, g.boot_den, ratio_pairs), [2.5, 97.5], axis=0)
 
 
 @dataclass(frozen=True)
@@ -83,11 +104,13 @@ class RequestTotals:
     workload: np.ndarray  # [u] object workload label
     sums: np.ndarray      # [u, 6] acc_len, mid + 1, lo + 1, hi + 1, window, censored
     steps: np.ndarray     # [u] float steps
+    key: np.ndarray       # [u] uint64 key of the request (resampling.unit_keys of its rid)
 
 
 def request_totals(request: np.ndarray, workload: np.ndarray, *, acc_len: np.ndarray, window: np.ndarray,
-                   censored: np.ndarray, lo: np.ndarray, mid: np.ndarray, hi: np.ndarray) -> RequestTotals:
-    """Sum each request's steps (in row order, as one pass over the run would)."""
+                   censored: np.ndarray, lo: np.ndarray, mid: np.ndarray, hi: np.ndarray,
+                   key: np.ndarray) -> RequestTotals:
+    """Sum each request's steps (in row order, as one pass over the run would); ``key`` per step."""
     request = np.asarray(request, dtype=np.int64)
     text = np.asarray(workload).astype(str)
     names, wl = np.unique(text, return_inverse=True) if text.size else (np.zeros(0, str), np.zeros(0, np.int64))
@@ -99,18 +122,21 @@ def request_totals(request: np.ndarray, workload: np.ndarray, *, acc_len: np.nda
     sums = np.stack([np.bincount(inv, weights=col, minlength=u) for col in num.T], axis=1) if u else \
         np.zeros((0, 6))
     return RequestTotals(request=request[first], workload=np.asarray(text[first], dtype=object), sums=sums,
-                         steps=np.bincount(inv, minlength=u).astype(np.float64))
+                         steps=np.bincount(inv, minlength=u).astype(np.float64),
+                         key=np.asarray(key, dtype=np.uint64)[first])
 
 
 def concat_totals(parts: list[RequestTotals]) -> RequestTotals:
     """Totals of disjoint sets of requests as one, ordered by request code (stable)."""
     if not parts:
-        return RequestTotals(np.zeros(0, np.int64), np.zeros(0, object), np.zeros((0, 6)), np.zeros(0))
+        return RequestTotals(np.zeros(0, np.int64), np.zeros(0, object), np.zeros((0, 6)), np.zeros(0),
+                             np.zeros(0, np.uint64))
     req = np.concatenate([p.request for p in parts])
     order = np.argsort(req, kind="stable")
     return RequestTotals(req[order], np.concatenate([p.workload for p in parts])[order],
                          np.concatenate([p.sums for p in parts])[order],
-                         np.concatenate([p.steps for p in parts])[order])
+                         np.concatenate([p.steps for p in parts])[order],
+                         np.concatenate([p.key for p in parts])[order])
 
 
 def summarize(
@@ -128,40 +154,63 @@ def summarize(
 ) -> list[dict]:
     """One row per workload and one for all (``*``): means and request-level bootstrap CIs.
 
-    ``request`` identifies the resampling unit (a request id or code) of each
-    step; the bootstrap draws requests with replacement, ``n_bootstrap`` times,
-    from ``numpy.random.default_rng([seed, group ordinal])``.
+    ``request`` identifies the resampling unit (a rid) of each step; the
+    bootstrap reweights requests ``n_bootstrap`` times with Poisson(1) weights
+    drawn per request from ``(seed, rid)`` (:mod:`resampling`), so any split of
+    the requests gives the same resamples.
     """
     request = np.asarray(request)
     if request.size == 0:
         return []
-    _, codes = np.unique(request, return_inverse=True)
+    uniques, codes = np.unique(request, return_inverse=True)
     totals = request_totals(codes.reshape(-1), workload, acc_len=acc_len, window=window, censored=censored,
-                            lo=lo, mid=mid, hi=hi)
+                            lo=lo, mid=mid, hi=hi, key=resampling.unit_keys(uniques.tolist())[codes.reshape(-1)])
     return summarize_totals(totals, n_bootstrap=n_bootstrap, seed=seed)
 
 
 def summarize_totals(totals: RequestTotals, *, n_bootstrap: int = 1000, seed: int = 0) -> list[dict]:
     """:func:`summarize` from per-request totals (the same numbers, bit for bit)."""
+    return summary_rows(summary_sums(totals, n_bootstrap=n_bootstrap, seed=seed), n_bootstrap=n_bootstrap)
+
+
+def summary_sums(totals: RequestTotals, *, n_bootstrap: int, seed: int) -> dict[str, GroupSums]:
+    """Per workload (and ``*``) the :class:`GroupSums` of ``totals``; they add over disjoint requests."""
+    out: dict[str, GroupSums] = {}
     if totals.request.size == 0:
-        return []
-    rows = []
-    for ordinal, (name, mask) in enumerate(_groups(totals.workload)):
+        return out
+    for name, mask in _groups(totals.workload):
         if not mask.any():
             continue
-        rng = np.random.default_rng([seed, ordinal])
-        req, sums, den = totals.request[mask], totals.sums[mask], totals.steps[mask]
+        req, sums, den, key = totals.request[mask], totals.sums[mask], totals.steps[mask], totals.key[mask]
         if req.size > 1 and (np.diff(req) == 0).any():  # a request under two workloads: one unit
-            _, inv = np.unique(req, return_inverse=True)
+            _, first, inv = np.unique(req, return_index=True, return_inverse=True)
             sums = np.stack([np.bincount(inv, weights=col) for col in sums.T], axis=1)
-            den = np.bincount(inv, weights=den)
+            den, key = np.bincount(inv, weights=den), key[first]
+        out[name] = group_sums(sums, den, key, n_bootstrap=max(0, n_bootstrap), seed=seed)
+    return out
+
+
+def merge_summary_sums(parts: list[dict[str, GroupSums]]) -> dict[str, GroupSums]:
+    """:func:`summary_sums` of disjoint sets of requests as one (whole requests in each part)."""
+    out: dict[str, GroupSums] = {}
+    for part in parts:
+        for name, g in part.items():
+            out[name] = out[name] + g if name in out else g
+    return out
+
+
+def summary_rows(sums: dict[str, GroupSums], *, n_bootstrap: int) -> list[dict]:
+    """The ``ceiling_summary`` rows of :func:`summary_sums` (``*`` first, then workloads sorted)."""
+    rows = []
+    for name in sorted(sums, key=lambda n: (n != ALL, n)):
+        g = sums[name]
         # columns: 0 acc_len, 1 mid, 2 lo, 3 hi, 4 window, 5 censored; ratios acc/mid, acc/hi, acc/lo
-        val, ci = _bootstrap_ratios(sums, den, [(0, 1), (0, 3), (0, 2)], n_bootstrap=n_bootstrap, rng=rng)
+        val, ci = _bootstrap_ratios(g, [(0, 1), (0, 3), (0, 2)])
         row = {
             "workload": name,
-            "requests": int(den.size),
-            "steps": int(den.sum()),
-            "censored_steps": int(sums[:, 5].sum()),
+            "requests": int(g.requests),
+            "steps": int(g.den),
+            "censored_steps": int(g.sums[5]),
             "censored_share": float(val[5]),
             "mean_window": float(val[4]),
             "n_bootstrap": int(n_bootstrap),

@@ -12,7 +12,6 @@ appends the figures to the store's ``reports`` table, and returns a
 from __future__ import annotations
 
 import datetime as _dt
-import re
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +36,7 @@ from dspark_obs.report.render_md import render_markdown
 from dspark_obs.report.sts import sts_section
 from dspark_obs.report.trimming import health_section
 from dspark_obs.report.thresholds import Thresholds, load_thresholds
+from dspark_obs.objstore import is_url, open_store
 from dspark_obs.store import Store
 
 __all__ = ["ReportOptions", "ReportResult", "build_report", "HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "PNG_DIR"]
@@ -60,6 +60,7 @@ class ReportOptions:
     history: bool = True
     recompute: bool = False
     n_bootstrap: int | None = None  # overrides [report].n_bootstrap
+    engine: object = None           # a RayEngine: the estimator stages run on Ray (None: in this process)
 
 
 @dataclass
@@ -101,12 +102,12 @@ def _iso(t: _dt.datetime) -> str:
     return t.astimezone(_dt.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def _run_stages(store: Store, sel: Selection, th: Thresholds, recompute: bool) -> list[str]:
+def _run_stages(store: Store, sel: Selection, th: Thresholds, recompute: bool, engine=None) -> list[str]:
     notes = []
     for run in [*sel.runs, *sel.baseline]:
         try:
             notes += ensure_stages(store, run, companion=sel.companions.get(run.run_id), n_bootstrap=th.n_bootstrap,
-                                   seed=th.seed, force=recompute and run in sel.runs)
+                                   seed=th.seed, force=recompute and run in sel.runs, engine=engine)
         except PermissionError as exc:
             raise InputError(f"cannot write estimator results into {store.root} ({exc}); the report needs a "
                              "writable store, or run estimate/calibrate/costmodel where it is writable") from None
@@ -120,22 +121,20 @@ def build_report(opts: ReportOptions) -> ReportResult:
     th = load_thresholds(opts.thresholds)
     if opts.n_bootstrap is not None:
         th = th.with_overrides(n_bootstrap=opts.n_bootstrap)
-    root = Path(opts.data)
-    if re.match(r"^[a-z][a-z0-9+.-]*:/", str(opts.data)):
-        raise InputError(f"--data {opts.data}: the report reads a local store (it writes estimator results and "
-                         "its history there); copy the object store locally first, e.g. aws s3 sync URL data")
-    if not root.exists():
+    remote = is_url(str(opts.data))  # s3://...: results and history are written back to the object store
+    root = str(opts.data) if remote else Path(opts.data)
+    if not remote and not root.exists():
         raise InputError(f"--data {root} does not exist; collect a run first (dspark-obs collect or dspark-obs demo)")
-    if not root.is_dir():
+    if not remote and not root.is_dir():
         raise InputError(f"--data {root} is a file; pass the data root directory of the store")
     now = (opts.now or _dt.datetime.now(_dt.timezone.utc)).astimezone(_dt.timezone.utc)
-    store = Store(root)
+    store = open_store(root)
     con = connect(root)
     sel = select_runs(read_runs(con, root), runs=opts.runs, since=opts.since, baseline=opts.baseline,
                       baseline_since=opts.baseline_since, now=now)
     involved = [r.run_id for r in [*sel.runs, *sel.baseline]]
     check_readable(root, involved + [sel.companions[r] for r in involved if r in sel.companions])
-    notes = list(sel.notes) + _run_stages(store, sel, th, opts.recompute)
+    notes = list(sel.notes) + _run_stages(store, sel, th, opts.recompute, opts.engine)
     baselines = _baselines(sel.runs, sel.baseline, bool(opts.baseline), notes)
     con = connect(root)
     try:
@@ -214,7 +213,7 @@ def _summary(report_id, generated, root, sel: Selection, baselines, th: Threshol
     return {
         "schema": summary_mod.SCHEMA_ID, "schema_version": summary_mod.SCHEMA_VERSION,
         "report_id": report_id, "generated_at": _iso(generated),
-        "tool": {"name": "dspark-obs", "version": __version__}, "data": str(root.resolve()),
+        "tool": {"name": "dspark-obs", "version": __version__}, "data": str(root) if isinstance(root, str) else str(root.resolve()),
         "status": outcome.status, "exit_code": outcome.exit_code, "failing": outcome.failing_metrics,
         "failing_line": outcome.failing_line(), "counts": counts, "window": sel.window, "runs": runs,
         "baseline": ({"window": sel.baseline_window, "runs": [b.to_json() for b in sel.baseline]}

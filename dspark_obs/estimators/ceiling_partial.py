@@ -1,0 +1,193 @@
+"""What the ceiling estimator keeps of each chunk, and how partial results of a run merge.
+
+A run is estimated a chunk of whole requests at a time, on one machine or on
+many (``--engine ray``).  Whatever the split, each worker reduces its chunks to
+a :class:`RunPartial` — small sufficient statistics: per workload the summary's
+sums and their request-bootstrap reweightings (:class:`ceiling_stats.GroupSums`,
+weights drawn per request, so they add), the validation's sums, and the
+censored steps with a truth that the equal-count bins of the validation need,
+tagged with their request's position in the run so the merge restores run
+order.  :func:`merge_partials` adds them; the local path is the merge of one.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dspark_obs.estimators import ceiling_stats, resampling
+from dspark_obs.estimators.ceiling_walk import CATEGORIES
+
+__all__ = ["RunTotals", "RunPartial", "merge_partials", "StagedCeiling", "rid_positions"]
+
+
+def rid_positions(run_rids: list):
+    """A function mapping a chunk's rid dictionary to positions in the run's sorted rids
+    (steps without a rid come last, as the database sorts them)."""
+    import pandas as pd
+
+    named = pd.Index([r for r in run_rids if r is not None])
+    last = len(run_rids)
+
+    def positions(rids: pa.Array) -> np.ndarray:
+        found = named.get_indexer(pd.Index(rids.to_pylist(), dtype=object)) if len(rids) else np.zeros(0, np.int64)
+        return np.append(np.where(found < 0, last, found), last).astype(np.int64)  # the spare slot: no rid
+
+    return positions
+
+
+@dataclass
+class RunTotals:
+    """One worker's accumulation over its chunks (see :meth:`add`)."""
+
+    positions: object                 # rid_positions(run rids)
+    offset: int = 0                   # request codes handed out so far
+    totals: list = field(default_factory=list)
+    partial: "RunPartial" = None
+
+    def __post_init__(self) -> None:
+        self.partial = self.partial or RunPartial()
+
+    def add(self, x, part) -> None:
+        """Add one chunk's inputs ``x`` and results ``part`` (ceiling_io's ``_Inputs`` and ``_ChunkResult``)."""
+        p, al = self.partial, x.aligned
+        _, first = np.unique(al.code, return_index=True)
+        for key in zip(x.sampling[first].tolist(), x.sampling_source[first].tolist()):
+            p.sampling[key] = p.sampling.get(key, 0) + 1
+        code = np.where(al.code < 0, -1, al.code + self.offset)
+        self.offset += al.n_requests
+        where = self.positions(al.rids)
+        keys = np.append(resampling.unit_keys(al.rids.to_pylist()), resampling.unit_keys([None]))
+        p.bad += al.bad_steps
+        p.checked += al.checked_steps
+        names = np.asarray(al.rids.to_pylist(), dtype=object)
+        p.misaligned += [(int(where[i]), str(names[i])) for i in al.misaligned_codes]
+        p.source = p.source or part.source
+        p.rows += x.steps.num_rows
+        self.totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
+                                                        window=x.window, key=keys[al.code], **part.summary_columns))
+        p.all_sums = ceiling_stats.add_stat_sums(p.all_sums, part.known_sums)
+        kept = dict(part.censored_known)
+        kept["order"] = where[al.code][part.censored_rows]
+        p.known.append(kept)
+
+    def finish(self, *, n_bootstrap: int, seed: int) -> "RunPartial":
+        """The partial result of every chunk added (the per-request totals reduced to group sums)."""
+        self.partial.summary = ceiling_stats.summary_sums(ceiling_stats.concat_totals(self.totals),
+                                                          n_bootstrap=n_bootstrap, seed=seed)
+        self.totals = []
+        return self.partial
+
+
+@dataclass
+class RunPartial:
+    """Sufficient statistics of a set of whole requests of a run; they add (:func:`merge_partials`)."""
+
+    rows: int = 0
+    bad: int = 0
+    checked: int = 0
+    source: str | None = None
+    all_sums: dict | None = None
+    summary: dict = field(default_factory=dict)      # workload -> GroupSums
+    known: list = field(default_factory=list)        # per chunk: censored steps with a truth
+    misaligned: list = field(default_factory=list)   # (position in the run, rid)
+    sampling: dict = field(default_factory=dict)     # (sampling, source) -> requests
+
+    def summary_rows(self, n_bootstrap: int) -> list[dict]:
+        return ceiling_stats.summary_rows(self.summary, n_bootstrap=n_bootstrap)
+
+    def misaligned_rids(self) -> list[str]:
+        return [rid for _, rid in sorted(self.misaligned)]
+
+    def validation_rows(self) -> list[dict]:
+        if not self.known or self.all_sums is None:
+            return []
+        kn = {k: np.concatenate([p[k] for p in self.known]) for k in self.known[0]}
+        order = np.argsort(kn.pop("order"), kind="stable")   # run order: by request, then as read
+        kn = {k: v[order] for k, v in kn.items()}
+        return ceiling_stats.validate_parts(
+            self.all_sums, kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"],
+            category=np.asarray(CATEGORIES, dtype=object)[kn["category"]],
+            workload=kn["workload"], greedy=kn["greedy"])
+
+
+def merge_partials(parts: list[RunPartial]) -> RunPartial:
+    """One :class:`RunPartial` of disjoint sets of whole requests."""
+    out = RunPartial()
+    for p in parts:
+        out.rows += p.rows
+        out.bad += p.bad
+        out.checked += p.checked
+        out.source = out.source or p.source
+        if p.all_sums is not None:
+            out.all_sums = ceiling_stats.add_stat_sums(out.all_sums, p.all_sums)
+        out.known += p.known
+        out.misaligned += p.misaligned
+        for key, n in p.sampling.items():
+            out.sampling[key] = out.sampling.get(key, 0) + n
+    out.summary = ceiling_stats.merge_summary_sums([p.summary for p in parts])
+    return out
+
+
+class StagedCeiling:
+    """Chunks of the ``ceiling`` table kept on disk until the whole run succeeded.
+
+    The run's old results are replaced only after every chunk was computed, so a
+    failure leaves them as they were.  Without ``to_disk`` the chunks stay in
+    memory (the caller asked for the table).
+    """
+
+    def __init__(self, to_disk: bool) -> None:
+        self._to_disk = to_disk
+        self._tables: list[pa.Table] = []
+        self._dir = None
+        self._writer = None
+
+    def __enter__(self) -> "StagedCeiling":
+        if self._to_disk:
+            self._dir = tempfile.TemporaryDirectory(prefix="dspark-obs-ceiling-")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        if self._dir is not None:
+            self._dir.cleanup()
+
+    def add(self, table: pa.Table) -> None:
+        if not self._to_disk:
+            self._tables.append(table)
+            return
+        if self._writer is None:
+            self._path = f"{self._dir.name}/ceiling.parquet"
+            self._writer = pq.ParquetWriter(self._path, table.schema, compression="lz4")
+        self._writer.write_table(table)
+
+    def parts(self, rows: int = 250_000):
+        """The staged rows in order, as tables of about ``rows`` rows."""
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        batches, n = [], 0
+        for batch in pq.ParquetFile(self._path).iter_batches(batch_size=65_536):
+            batches.append(batch)
+            n += batch.num_rows
+            if n >= rows:
+                yield pa.Table.from_batches(batches)
+                batches, n = [], 0
+        if batches:
+            yield pa.Table.from_batches(batches)
+
+    def table(self) -> pa.Table:
+        return pa.concat_tables(self._tables) if self._tables else None
+
+
+def workload_labels(steps: pa.Table) -> np.ndarray:
+    """The steps' workload labels (``unknown`` where the request has none)."""
+    return pc.fill_null(steps.column("workload"), "unknown").to_numpy(zero_copy_only=False)

@@ -1,0 +1,67 @@
+"""Bootstrap weights drawn per request, not per position in a list: the same on any split of a run.
+
+A request-level bootstrap reweights whole requests.  Drawing the weights as one
+multinomial over the run's requests ties every weight to the request's position
+among all of them, so a worker holding a subset of the requests cannot draw its
+share.  This module draws the **Poisson bootstrap** instead (each request's
+weight in each resample is an independent Poisson(1) count — the usual bootstrap
+of distributed and streaming systems; it matches the multinomial as the number of
+requests grows): the weight of request ``r`` in resample ``b`` is a pure function
+of ``(seed, hash(rid), b)``.  Any process, given a request's rid, draws its
+weights; sums of ``weights @ per-request sums`` over disjoint sets of requests
+add up to the whole run's, in any order and on any number of machines.
+
+>>> w = poisson_weights(unit_keys(["a", "b", "c"]), 4, seed=0)
+>>> w.shape, bool((w == poisson_weights(unit_keys(["c"]), 4, seed=0)[:, [0]].repeat(3, 1)).any())
+((4, 3), True)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+
+__all__ = ["unit_keys", "poisson_weights", "BLOCK"]
+
+BLOCK = 64
+"""Resamples drawn and reduced at a time by callers that bound their memory."""
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_POISSON_CDF = np.cumsum([math.exp(-1.0) / math.factorial(k) for k in range(24)])
+
+
+def unit_keys(units) -> np.ndarray:
+    """A stable 64-bit key per resampling unit (BLAKE2b of its text; ``None`` as the empty string).
+
+    Units are hashed once each; pass distinct values (callers factorize first).
+    """
+    return np.array([int.from_bytes(hashlib.blake2b(("" if u is None else str(u)).encode(),
+                                                    digest_size=8).digest(), "little") for u in units],
+                    dtype=np.uint64)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser: a bijection of uint64 whose outputs look uniform."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int = 0) -> np.ndarray:
+    """``[n_resamples, len(keys)]`` float64 Poisson(1) weights of resamples ``start ..``.
+
+    ``keys`` from :func:`unit_keys`.  The weight depends only on the key, the
+    seed and the resample's number, so a subset of units gets exactly the
+    columns the whole run would.
+    """
+    keys = np.asarray(keys, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        stream = _mix(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * _GOLDEN
+                      + np.arange(start, start + n_resamples, dtype=np.uint64) * _GOLDEN + _GOLDEN)
+        bits = _mix(keys[None, :] ^ stream[:, None])
+    uniform = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    return np.searchsorted(_POISSON_CDF, uniform, side="right").astype(np.float64)

@@ -1,0 +1,93 @@
+"""Ray tier: ``--engine ray`` gives the local path's tables, on a local directory and on a local S3.
+
+Runs with the ``[ray]`` extra installed (``make test-ray``)::
+
+    python -m pytest tests/ray -p no:cacheprovider -o python_files='ray_*.py'
+
+The test files are named ``ray_*.py`` so the main run never collects them; this
+conftest is imported there too and must stay harmless without Ray.  Session
+fixtures: a local Ray started here with ``ray.init(num_cpus=2)``, the quick demo
+store, a generated store (``bench.gen_store``, 200k request-steps; the 1M-row
+equality is measured by ``bench/ray_scaling.py``) and a moto S3 server on
+127.0.0.1 (``s3_endpoint``, from the main conftest).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+HAVE_RAY = importlib.util.find_spec("ray") is not None
+GENERATED_ROWS = 200_000
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/ray" in str(item.fspath).replace("\\", "/"):
+            item.add_marker(pytest.mark.ray)
+
+
+@pytest.fixture(scope="session")
+def ray_engine(s3_endpoint):
+    """A local Ray of 2 CPUs for the session (after the S3 credentials are in the environment)."""
+    if not HAVE_RAY:
+        pytest.fail("the Ray tier needs the [ray] extra: pip install -e '.[test,ray]' (make test-ray does)")
+    import ray
+
+    from dspark_obs.ray_engine import RayEngine
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield RayEngine()
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def demo_store(tmp_path_factory) -> Path:
+    """The quick demo's store (a compact run, its cap-accept companion, the demo's own results)."""
+    from typer.testing import CliRunner
+
+    from dspark_obs.cli import app
+
+    root = tmp_path_factory.mktemp("ray-demo") / "data"
+    result = CliRunner().invoke(app, ["demo", "--quick", "--out", str(root)])
+    assert result.exit_code == 0, result.output
+    return root
+
+
+@pytest.fixture(scope="session")
+def generated_store(tmp_path_factory) -> Path:
+    from bench.gen_store import generate
+
+    root = tmp_path_factory.mktemp("ray-generated")
+    generate(root, rows=GENERATED_ROWS, seed=5)
+    return root
+
+
+def upload(root: Path, url: str, *, tables) -> None:
+    """Copy ``tables`` of a local store to an object-store URL (the layout is the same)."""
+    import pyarrow.fs as pafs
+
+    fs, base = pafs.FileSystem.from_uri(url)
+    fs.create_dir(base.split("/")[0])
+    for table in tables:
+        pafs.copy_files(str(root / table), f"{base}/{table}", source_filesystem=pafs.LocalFileSystem(),
+                        destination_filesystem=fs)
+
+
+def assert_rows_match(a, b, *, keys: list[str], rtol: float = 1e-9, what: str = "") -> None:
+    """Same rows (sorted by ``keys``), ints and text exactly, floats to ``rtol`` (float addition order)."""
+    assert a.num_rows == b.num_rows, f"{what}: {a.num_rows} rows locally, {b.num_rows} on Ray"
+    assert a.column_names == b.column_names, what
+    order = [(k, "ascending") for k in keys]
+    ra, rb = a.sort_by(order).to_pylist(), b.sort_by(order).to_pylist()
+    for x, y in zip(ra, rb):
+        for name in x:
+            u, v = x[name], y[name]
+            if isinstance(u, float) and isinstance(v, float):
+                assert (math.isnan(u) and math.isnan(v)) or math.isclose(u, v, rel_tol=rtol, abs_tol=1e-12), \
+                    f"{what}: {name} {u} locally, {v} on Ray in {x}"
+            else:
+                assert u == v, f"{what}: {name} {u!r} locally, {v!r} on Ray in {x}"

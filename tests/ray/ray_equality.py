@@ -1,0 +1,127 @@
+"""``--engine ray`` gives the local path's tables: per-step rows exactly, summaries and bootstrap CIs to
+the order of float additions, on the demo store and a generated store, on a directory and on S3."""
+
+from __future__ import annotations
+
+import shutil
+
+import pyarrow.fs as pafs
+import pytest
+from typer.testing import CliRunner
+
+from dspark_obs import sql
+from dspark_obs.cli import app
+from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators import ceiling
+from dspark_obs.objstore import ObjectStore
+from dspark_obs.store import Store
+from tests.ray.conftest import assert_rows_match, upload
+
+STEP_KEYS = ["rid", "dp_rank", "forward_ct"]
+INPUTS = ("runs", "steps", "step_reqs", "requests", "tokens")   # what a sidecar writes; the rest is computed
+CAL_KEYS = ["labels", "workload", "position", "binning"]
+BIN_KEYS = CAL_KEYS + ["bin"]
+
+
+def _compare_estimates(local, remote, what: str) -> None:
+    assert_rows_match(local.table, remote.table, keys=STEP_KEYS, rtol=0.0, what=f"{what} ceiling")
+    assert_rows_match(local.summary, remote.summary, keys=["workload"], what=f"{what} ceiling_summary")
+    assert (local.validation is None) == (remote.validation is None)
+    if local.validation is not None:
+        assert_rows_match(local.validation, remote.validation, keys=["group_kind", "group"],
+                          what=f"{what} ceiling_validation")
+    assert local.sampling_counts == remote.sampling_counts and local.truth_source == remote.truth_source
+
+
+def test_estimate_on_ray_equals_local_on_the_demo_store(demo_store, ray_engine):
+    run = "demo-compact-s0"
+    local = ceiling.estimate_run(demo_store, run, n_bootstrap=300, seed=11, write=False)
+    remote = ceiling.estimate_run(demo_store, run, n_bootstrap=300, seed=11, write=False, engine=ray_engine)
+    assert local.truth_source == "companion" and local.summary.column("n_bootstrap")[0].as_py() == 300
+    _compare_estimates(local, remote, "demo")
+    ci = local.summary.to_pylist()[0]
+    assert ci["mean_acc_len_ci95_low"] < ci["mean_acc_len"] < ci["mean_acc_len_ci95_high"]
+
+
+def test_calibrate_on_ray_equals_local_on_the_demo_store(demo_store, ray_engine):
+    run = "demo-compact-s0"
+    for labels in ("observed", "reconstructed", "companion"):
+        local = cal.calibrate_run(demo_store, run, labels=labels, n_bootstrap=200, seed=5, write=False)
+        remote = cal.calibrate_run(demo_store, run, labels=labels, n_bootstrap=200, seed=5, write=False,
+                                   engine=ray_engine)
+        assert local.summary.num_rows > 0 and local.summary.column("ece_ci_lo").null_count < local.summary.num_rows
+        assert_rows_match(local.summary, remote.summary, keys=CAL_KEYS, what=f"calibration {labels}")
+        assert_rows_match(local.bins, remote.bins, keys=BIN_KEYS, what=f"calibration_bins {labels}")
+        assert local.notes == remote.notes
+
+
+def test_ray_equals_local_on_a_generated_store_in_many_chunks(generated_store, ray_engine):
+    """200k request-steps in chunks of 30k and a 60k-step fitting sample: what a large run does."""
+    opts = dict(n_bootstrap=200, seed=2, chunk_rows=30_000, fit_rows=60_000)
+    local = ceiling.estimate_run(generated_store, "bench", write=False, **opts)
+    remote = ceiling.estimate_run(generated_store, "bench", write=False, engine=ray_engine, **opts)
+    assert local.truth_source == "emulator" and local.num_rows >= 200_000
+    _compare_estimates(local, remote, "generated")
+    ceiling.estimate_run(generated_store, "bench", **opts)  # the reconstructed labels need the ceiling
+    for labels in ("observed", "reconstructed"):
+        kw = dict(labels=labels, n_bootstrap=100, seed=3, write=False, chunk_rows=30_000, sample_rows=60_000)
+        a = cal.calibrate_run(generated_store, "bench", **kw)
+        b = cal.calibrate_run(generated_store, "bench", engine=ray_engine, **kw)
+        assert_rows_match(a.summary, b.summary, keys=CAL_KEYS, what=f"generated calibration {labels}")
+        assert_rows_match(a.bins, b.bins, keys=BIN_KEYS, what=f"generated calibration_bins {labels}")
+
+
+def _cli(*args: str) -> None:
+    result = CliRunner().invoke(app, list(args))
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("store", ["demo_store", "generated_store"])
+def test_the_commands_on_ray_over_s3_write_the_local_tables(store, request, tmp_path, s3_endpoint, ray_engine):
+    """estimate and calibrate --engine ray on an s3:// store (moto) write what the local commands write
+    into a directory: the tasks read S3, stage their files there, and the driver commits them."""
+    src = request.getfixturevalue(store)
+    run = "demo-compact-s0" if store == "demo_store" else "bench"
+    local = tmp_path / "local"
+    shutil.copytree(src, local)
+    url = (f"s3://ray-tier/{store}?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"
+           "&allow_bucket_creation=true")
+    upload(src, url, tables=INPUTS)
+    for data, engine in ((str(local), ["--engine", "local"]), (url, ["--engine", "ray"])):
+        _cli("estimate", "--data", data, "--run", run, "--bootstrap", "200", "--seed", "4", *engine)
+        _cli("calibrate", "--data", data, "--run", run, "--labels", "observed", "--bootstrap", "100", *engine)
+    there, here = ObjectStore(url), Store(local)
+    for table, keys in (("ceiling", STEP_KEYS), ("ceiling_summary", ["workload"]),
+                        ("ceiling_validation", ["group_kind", "group"]), ("calibration", CAL_KEYS),
+                        ("calibration_bins", BIN_KEYS)):
+        assert_rows_match(here.read(table, run), there.read(table, run), keys=keys,
+                          rtol=0.0 if table == "ceiling" else 1e-9, what=f"{store} {table}")
+    staged = [i.path for i in there.fs.get_file_info(pafs.FileSelector(there.base, recursive=True))
+              if "_staged-" in i.path]
+    assert staged == []    # every staged file was committed
+    con = sql.connect(url)  # DuckDB reads what Ray wrote, as any reader would
+    assert con.sql("SELECT count(*) FROM ceiling WHERE run_id = $r", params={"r": run}).fetchall()[0][0] == \
+        here.read("ceiling", run).num_rows
+
+
+def test_report_on_ray_gates_as_the_local_report(demo_store, tmp_path, ray_engine):
+    """The nightly command: report --engine ray recomputes the stages on Ray; its figures are the local ones."""
+    import json
+
+    figures = {}
+    for engine in ("local", "ray"):
+        data = tmp_path / f"data-{engine}"
+        shutil.copytree(demo_store, data)
+        out = tmp_path / f"report-{engine}"
+        result = CliRunner().invoke(app, ["report", "--data", str(data), "--run", "demo-compact-s0", "--out",
+                                          str(out), "--recompute", "--no-png", "--no-history", "--bootstrap", "200",
+                                          "--now", "2030-01-01T00:00:00Z", "--engine", engine])
+        assert result.exit_code in (0, 1), result.output
+        summary = json.loads((out / "summary.json").read_text())
+        figures[engine] = {f["id"]: f for f in summary["figures"]}
+    assert figures["local"].keys() == figures["ray"].keys() and len(figures["local"]) > 10
+    for key, a in figures["local"].items():
+        b = figures["ray"][key]
+        for u, v in ((a["value"], b["value"]), (a["ci"]["low"], b["ci"]["low"]), (a["ci"]["high"], b["ci"]["high"]),
+                     (a["verdict"], b["verdict"])):
+            assert u == v or (isinstance(u, float) and v == pytest.approx(u, rel=1e-9, abs=1e-12)), (key, u, v)

@@ -1,0 +1,125 @@
+"""The sharded path without Ray: shards by rid hash, partial results that merge, staged files the driver
+commits, and the options' errors.  (Ray itself runs in the Ray tier: tests/ray, make test-ray.)"""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dspark_obs.cli import app
+from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators import ceiling
+from dspark_obs.estimators.ceiling_chunks import rid_hash, shard_requests
+from dspark_obs.store import Store
+
+
+class InlineEngine:
+    """RayEngine's interface, running the tasks here one after the other (as Ray would, elsewhere)."""
+
+    def __init__(self, tasks: int) -> None:
+        self.tasks, self.calls = tasks, 0
+
+    def start(self):
+        return self
+
+    def parallelism(self) -> int:
+        return self.tasks
+
+    def map(self, fn, calls, *, done=None):
+        out = []
+        for call in calls:
+            self.calls += 1
+            out.append(fn(*call))
+            if done is not None:
+                done(out[-1])
+        return out
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> Store:
+    from bench.gen_store import generate
+
+    root = tmp_path_factory.mktemp("shards")
+    generate(root, rows=6000, seed=9)
+    return Store(root)
+
+
+def test_shards_split_whole_requests_by_hash():
+    rids = [f"r{i:03d}" for i in range(200)] + [None]
+    counts = np.arange(201) + 1
+    shards = shard_requests(rids, counts, 3)
+    assert sorted(r for s, _ in shards for r in s if r is not None) == rids[:-1]
+    assert sum(int(c.sum()) for _, c in shards) == int(counts.sum())
+    for s, (part, _) in enumerate(shards):
+        assert all(int(rid_hash([r])[0] % np.uint64(3)) == s for r in part)
+        assert part == [r for r in rids if r in set(part)]   # run order within a shard
+    with pytest.raises(ValueError, match="n_shards must be >= 1"):
+        shard_requests(rids, counts, 0)
+
+
+def test_shards_merged_give_the_one_pass_estimate_and_commit_their_files(generated):
+    opts = dict(n_bootstrap=120, seed=1, chunk_rows=1500, fit_rows=2500)
+    one = ceiling.estimate_run(generated, "bench", write=False, **opts)
+    engine = InlineEngine(tasks=3)
+    ceiling.estimate_run(generated, "bench", engine=engine, **opts)
+    assert engine.calls == 3
+    keys = [(k, "ascending") for k in ("rid", "dp_rank", "forward_ct")]
+    written = generated.read("ceiling", "bench").drop_columns(["run_id"])
+    assert written.sort_by(keys).to_pylist() == one.table.sort_by(keys).to_pylist()
+    for name, local in (("ceiling_summary", one.summary), ("ceiling_validation", one.validation)):
+        merged = generated.read(name, "bench").drop_columns(["run_id"]).to_pylist()
+        for a, b in zip(local.to_pylist(), merged):
+            for col, u in a.items():
+                assert b[col] == pytest.approx(u, rel=1e-9) if isinstance(u, float) else b[col] == u, (name, col)
+    assert not list((generated.root / "ceiling").glob("*/_staged-*"))   # committed, nothing left staged
+
+
+def test_shards_merged_give_the_one_pass_calibration(generated):
+    ceiling.estimate_run(generated, "bench", n_bootstrap=0)
+    for labels in ("observed", "reconstructed"):
+        one = cal.calibrate_run(generated, "bench", labels=labels, n_bootstrap=80, seed=2, write=False)
+        many = cal.calibrate_run(generated, "bench", labels=labels, n_bootstrap=80, seed=2, write=False,
+                                 chunk_rows=1000, engine=InlineEngine(tasks=4))
+        for a, b in zip(one.summary.to_pylist(), many.summary.to_pylist()):
+            for col, u in a.items():
+                if col == "auroc":
+                    continue   # one pass ranks every step; the chunked path its (here: whole) sample
+                assert b[col] == pytest.approx(u, rel=1e-9, abs=1e-12) if isinstance(u, float) else b[col] == u, col
+        assert one.bins.num_rows == many.bins.num_rows
+
+
+def test_staged_files_are_invisible_until_committed(generated, tmp_path):
+    rows = ceiling.estimate_run(generated, "bench", n_bootstrap=0, write=False).table.slice(0, 50)
+    store = Store(tmp_path)
+    path = store.stage("ceiling", "r", rows, "b1")
+    assert path.exists() and store.read("ceiling").num_rows == 0 and store.runs() == []
+    store.stage("ceiling", "r", rows, "b2")
+    store.discard_staged("ceiling", "r", "b2")     # a failed run: its files go, nothing was visible
+    assert store.commit_staged("ceiling", "r", "b1") == 1
+    assert store.read("ceiling", "r").num_rows == 50 and not path.exists()
+    assert list((tmp_path / "ceiling" / "run_id=r").iterdir()) == [tmp_path / "ceiling" / "run_id=r" / path.name]
+    with pytest.raises(ValueError, match="staged batch"):
+        store.stage("ceiling", "r", rows, "../escape")
+
+
+def test_engine_ray_without_ray_says_how_to_get_it(generated, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)   # as if not installed: `import ray` raises ImportError
+    result = CliRunner().invoke(app, ["estimate", "--data", str(generated.root), "--run", "bench", "--engine", "ray"],
+                                terminal_width=200)
+    assert result.exit_code == 2
+    assert "pip install 'dspark-obs[ray]'" in " ".join(result.output.split())
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--engine", "spark"], "--engine 'spark' is not one of local, ray"),
+    (["--ray-address", "ray://h:10001"], "--ray-address and --ray-workers need --engine ray"),
+    (["--engine", "ray", "--ray-address", "h:6379", "--ray-workers", "2"], "with --ray-address the cluster"),
+])
+def test_engine_options_are_checked(generated, args, message):
+    for command in (["estimate"], ["calibrate", "--labels", "observed"]):
+        result = CliRunner().invoke(app, [*command, "--data", str(generated.root), "--run", "bench", *args],
+                                    terminal_width=200)
+        assert result.exit_code == 2 and message in " ".join(result.output.split()), result.output
