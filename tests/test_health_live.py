@@ -185,3 +185,24 @@ def test_the_overview_says_trimming_inactive_for_the_run_without_a_table(collect
     assert len(warnings) == 1 and "--speculative-dspark-sps-table-path" in warnings[0]
     titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
     assert "Expected vs actual acceptance by draft position" in titles
+
+
+def test_live_ceiling_for_greedy_requests_equals_the_offline_estimate(tmp_path):
+    from dspark_obs.estimators.ceiling import estimate_run
+
+    store, metrics = Store(tmp_path / "data"), SidecarMetrics()
+    port = metrics.serve(0)
+    with BackgroundServer(EngineConfig(mode="compact", seed=3, dp_size=2)) as srv:
+        opts = CollectOptions(url=srv.url, run_id="g", poll_interval=0.05, flush_interval=0.2, drive=DriveSpec(
+            ["gsm8k", "arena-hard", "poetry"], 30, concurrency=8, max_new_tokens=64, temperature=0.0))
+        asyncio.run(Collector(store, opts, metrics=metrics).run())
+    final = scrape(port)
+    metrics.close()
+    estimate_run(store, "g")
+    row = health.run_row(health.figures(sql.connect(store.root), runs=["g"]), "g")
+    assert final[("dspark_obs:ceiling_request_steps_total", ())] == row["censored_steps"] > 0
+    assert final[("dspark_obs:tokens_lost_lo_total", ())] == pytest.approx(row["tokens_lost_lo"])
+    assert final[("dspark_obs:tokens_lost_hi_total", ())] == pytest.approx(row["tokens_lost_hi"])
+    assert final[("dspark_obs:tokens_lost_lo_total", ())] <= row["tokens_lost"] <= final[
+        ("dspark_obs:tokens_lost_hi_total", ())]
+    assert final[("dspark_obs:ceiling_requests_total", (("sampling", "greedy"),))] == 30

@@ -18,7 +18,8 @@ Two kinds:
   ceiling is unknown), and ``mean_window`` the mean ``verify_len - 1``.
 * **Trimming health counters** (``collectors.sglang.health_metrics``): the
   sums behind every figure of ``dspark_obs.health``, so ``rate()`` works, and
-  the ``trimming_active`` / ``cost_table_loaded`` gauges.
+  the ``trimming_active`` / ``cost_table_loaded`` gauges; and the live ceiling
+  (``collectors.sglang.live_ceiling``): tokens lost to trimming, exact for greedy requests.
 
 Each collector owns its registry, so several can run in one process (tests).
 ``serve`` exposes it on 127.0.0.1 unless told otherwise.
@@ -38,6 +39,7 @@ import pyarrow.compute as pc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from collectors.sglang.health_metrics import HealthCounters
+from collectors.sglang.live_ceiling import LiveCeiling
 
 NS = "dspark_obs:"
 MAX_POSITIONS = 16
@@ -179,6 +181,8 @@ class SidecarMetrics:
         self.dead_letters.labels("/server_info")
         self.health = HealthCounters(window_rows=window_rows)
         r.register(self.health)
+        self.ceiling = LiveCeiling()
+        r.register(self.ceiling)
         self._server = None
 
     def _lag(self) -> float:
@@ -202,6 +206,11 @@ class SidecarMetrics:
         """One poll's new rows: the censoring-aware gauges and the health counters."""
         self.on_step_reqs(reqs)
         self.health.add(steps, reqs, gamma=gamma)
+        self.ceiling.add_steps(reqs)
+
+    def on_request(self, row: dict, tokens: Optional[pa.Table]) -> None:
+        """A finished request (driver response or request log): the live ceiling's tokens."""
+        self.ceiling.on_request(row, tokens)
 
     def on_step_reqs(self, reqs: pa.Table) -> None:
         agg = aggregate_step_reqs(reqs)

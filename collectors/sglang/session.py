@@ -277,6 +277,7 @@ class Collector(PollingMixin):
         if not self.opts.redact_text or self.opts.keep_token_ids:  # token ids spell the output text
             self._add("tokens", tokens)
         self.accounting.finished(row["rid"], row.get("spec_verify_ct"))
+        self.metrics.on_request(row, tokens)
         self.summary.requests += 1
         self.summary.tokens += tokens.num_rows if not self.opts.redact_text or self.opts.keep_token_ids else 0
         self.progress("requests", 1)
