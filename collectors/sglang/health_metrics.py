@@ -75,7 +75,9 @@ class HealthCounters:
                  limits: Optional[health.Limits] = None) -> None:
         self.window_rows, self.fold_rows = max(1, window_rows), max(1, fold_rows)
         self.limits = limits or health.Limits.from_thresholds()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # pending batches and totals: held only briefly (the poll loop adds)
+        self._fold_lock = threading.Lock()  # one fold at a time (the query's connection is reused)
+        self._folder: Optional[threading.Thread] = None
         self._pending: list[tuple[pa.Table, pa.Table]] = []
         self._pending_rows = 0
         self._rank: dict[str, dict[str, float]] = {}
@@ -98,14 +100,16 @@ class HealthCounters:
         with self._lock:
             self._pending.append((steps, reqs))
             self._pending_rows += reqs.num_rows
-            due = self._pending_rows >= self.fold_rows
-        if due:
-            self.fold()
+            due = self._pending_rows >= self.fold_rows and (self._folder is None or not self._folder.is_alive())
+            if due:  # off the caller's thread: the poll loop must not wait on a query
+                self._folder = threading.Thread(target=self.fold, name="health-fold", daemon=True)
+                self._folder.start()
 
     def fold(self) -> None:
         """Fold every queued batch into the totals (one query over them all)."""
-        with self._lock:
-            batches, self._pending, self._pending_rows = self._pending, [], 0
+        with self._fold_lock:
+            with self._lock:
+                batches, self._pending, self._pending_rows = self._pending, [], 0
             if not batches:
                 return
             steps = pa.concat_tables([b[0] for b in batches], promote_options="default")
@@ -113,14 +117,19 @@ class HealthCounters:
             self._con = health.memory_connection(steps, reqs, run_id="live", gamma=self.gamma, con=self._con)
             fig = health.memory_figures(self._con)
             pos = health.memory_by_position(self._con)
-            self._fold_ranks(fig)
-            for row in pos.itertuples():
-                tot = self._pos.setdefault(int(row.position), {})
-                for _, col, _ in POSITION_COUNTERS:
-                    tot[col] = tot.get(col, 0.0) + float(getattr(row, col) or 0)
             lens, counts = np.unique(reqs.column("verify_len").to_numpy(zero_copy_only=False), return_counts=True)
-            for v, c in zip(lens.tolist(), counts.tolist()):
-                self._lens[int(v)] = self._lens.get(int(v), 0.0) + c
+            with self._lock:
+                self._merge(fig, pos, lens, counts)
+
+    def _merge(self, fig, pos, lens, counts) -> None:
+        """Add one fold's sums to the totals (under ``_lock``)."""
+        self._fold_ranks(fig)
+        for row in pos.itertuples():
+            tot = self._pos.setdefault(int(row.position), {})
+            for _, col, _ in POSITION_COUNTERS:
+                tot[col] = tot.get(col, 0.0) + float(getattr(row, col) or 0)
+        for v, c in zip(lens.tolist(), counts.tolist()):
+            self._lens[int(v)] = self._lens.get(int(v), 0.0) + c
 
     def _fold_ranks(self, fig) -> None:
         ranks = fig[(fig["dp_rank"] != "*") & (fig["workload"] == "*")]
