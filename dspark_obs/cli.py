@@ -306,7 +306,7 @@ def _run_collector(store, opts, total_requests: Optional[int], *, metrics_port: 
     from collectors.sglang.session import CollectError, Collector
     from dspark_obs.collect_progress import CollectProgress
 
-    metrics = SidecarMetrics()
+    metrics = SidecarMetrics(health=metrics_port is not None)
     if metrics_port is not None:
         try:
             port = metrics.serve(metrics_port, metrics_host)

@@ -128,8 +128,10 @@ def aggregate_step_reqs(reqs: pa.Table, *, positions: int = MAX_POSITIONS) -> di
 class SidecarMetrics:
     """The sidecar's registry; the collector calls the ``on_*`` hooks."""
 
-    def __init__(self, *, window_rows: int = 20_000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, window_rows: int = 20_000, clock: Callable[[], float] = time.monotonic,
+                 health: bool = True) -> None:
         self.registry = CollectorRegistry()
+        self.track_health = health  # off: a registry nobody scrapes need not run the health queries
         r = self.registry
         self._clock = clock
         self._last_poll: Optional[float] = None
@@ -205,12 +207,14 @@ class SidecarMetrics:
     def on_batch(self, steps: pa.Table, reqs: pa.Table, *, gamma: Optional[int] = None) -> None:
         """One poll's new rows: the censoring-aware gauges and the health counters."""
         self.on_step_reqs(reqs)
-        self.health.add(steps, reqs, gamma=gamma)
-        self.ceiling.add_steps(reqs)
+        if self.track_health:
+            self.health.add(steps, reqs, gamma=gamma)
+            self.ceiling.add_steps(reqs)
 
     def on_request(self, row: dict, tokens: Optional[pa.Table]) -> None:
         """A finished request (driver response or request log): the live ceiling's tokens."""
-        self.ceiling.on_request(row, tokens)
+        if self.track_health:
+            self.ceiling.on_request(row, tokens)
 
     def on_step_reqs(self, reqs: pa.Table) -> None:
         agg = aggregate_step_reqs(reqs)

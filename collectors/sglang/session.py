@@ -130,7 +130,7 @@ class Collector(PollingMixin):
                  metrics: Optional[SidecarMetrics] = None) -> None:
         self.store, self.opts = store, opts
         self.cursor = ForwardCursor()
-        self.metrics = metrics or SidecarMetrics()
+        self.metrics = metrics or SidecarMetrics(health=False)  # nobody can scrape a registry made here
         self.writer = BufferedWriter(store, opts.run_id, flush_interval=opts.flush_interval,
                                      max_pending_bytes=opts.max_buffer_bytes,
                                      on_written=lambda t, n: self.metrics.rows_written.labels(t).inc(n))
