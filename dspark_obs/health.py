@@ -38,7 +38,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dspark_obs import schema
-from dspark_obs.sql import canned_queries
+from dspark_obs import sql as sqlmod
 
 __all__ = ["TRIM_SURVIVAL_FLOOR", "SEVERITIES", "ServerState", "Finding", "Limits", "figures", "by_position",
            "memory_connection", "memory_figures", "memory_by_position", "diagnose", "server_findings", "rank",
@@ -122,7 +122,8 @@ class Limits:
 
     @classmethod
     def from_thresholds(cls, th=None) -> "Limits":
-        from dspark_obs.report.thresholds import load_thresholds
+        """The limits of a parsed thresholds file (``th``), or of the built-in defaults."""
+        from dspark_obs.report.thresholds import load_thresholds  # the file's home; imported only here
 
         th = th if th is not None else load_thresholds()
 
@@ -152,8 +153,6 @@ def figures(con: duckdb.DuckDBPyConnection, *, runs: Optional[Sequence[str]] = N
             workloads: Optional[Sequence[str]] = None, dp_ranks: Optional[Sequence[int]] = None,
             t0: Any = None, t1: Any = None) -> pd.DataFrame:
     """``health_figures`` rows (see that query's header for every column)."""
-    from dspark_obs import sql as sqlmod
-
     return sqlmod.query(con, "health_figures", _params(runs=runs, workloads=workloads, dp_ranks=dp_ranks,
                                                         t0=t0, t1=t1), timeout_s=None).to_pandas()
 
@@ -161,8 +160,6 @@ def figures(con: duckdb.DuckDBPyConnection, *, runs: Optional[Sequence[str]] = N
 def by_position(con: duckdb.DuckDBPyConnection, *, runs: Optional[Sequence[str]] = None,
                 dp_ranks: Optional[Sequence[int]] = None) -> pd.DataFrame:
     """``health_by_position`` rows: survival-predicted vs observed acceptance per draft position."""
-    from dspark_obs import sql as sqlmod
-
     return sqlmod.query(con, "health_by_position", _params(runs=runs, dp_ranks=dp_ranks),
                         timeout_s=None).to_pandas()
 
@@ -200,7 +197,7 @@ def _with_run(table: pa.Table, run_id: str) -> pa.Table:
 
 
 def _memory_query(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any]) -> pd.DataFrame:
-    text = canned_queries()[name][1]
+    text = sqlmod.canned_queries()[name][1]
     return con.execute(text, params).fetch_df()
 
 
