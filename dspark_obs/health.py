@@ -117,6 +117,7 @@ class Limits:
     max_costtable_mape: float = 0.20
     max_costtable_mape_drift: float = 0.05
     max_padding_share: float = 0.30
+    max_observation_share: float = 0.05
     min_request_steps: int = 50
     min_fit_steps: int = 30
 
@@ -140,6 +141,7 @@ class Limits:
                    max_costtable_mape=lim("server_table_mape", "max", base.max_costtable_mape),
                    max_costtable_mape_drift=lim("costtable_mape_drift", "max", base.max_costtable_mape_drift),
                    max_padding_share=lim("padding_share", "max", base.max_padding_share),
+                   max_observation_share=lim("observation_share", "max", base.max_observation_share),
                    min_request_steps=max(1, int(trim_rule.min_n or base.min_request_steps)))
 
 
@@ -178,7 +180,9 @@ def memory_connection(steps: pa.Table, step_reqs: pa.Table, *, run_id: str, gamm
     con = duckdb.connect() if fresh else con
     tables = {
         "steps": _with_run(steps, run_id), "step_reqs": _with_run(step_reqs, run_id),
-        "runs": pa.table({"run_id": [run_id], "gamma": pa.array([gamma], pa.int32())}),
+        "runs": pa.table({"run_id": [run_id], "gamma": pa.array([gamma], pa.int32()),
+                          "observation_requests": pa.nulls(1, pa.int64()),
+                          "observation_server_s": pa.nulls(1, pa.float64()), "collect_s": pa.nulls(1, pa.float64())}),
         "requests": _with_run(schema.schema_for("requests").empty_table(), run_id),
         "ceiling": _with_run(schema.schema_for("ceiling").empty_table(), run_id),
     }
@@ -389,6 +393,26 @@ def _steps(row: Mapping[str, Any], lim: Limits) -> list[Finding]:
     return out
 
 
+def _observation(row: Mapping[str, Any], lim: Limits) -> list[Finding]:
+    """The collector's own cost to the server: its share of wall time answering polls and clears."""
+    share = row.get("observation_share")
+    if share is None:
+        return []
+    ev = (f"the server spent {float(row['observation_server_s']):.2f} s of the collector's "
+          f"{float(row['collect_s']):.1f} s answering its {int(row['observation_requests'])} polls and clears "
+          f"({_pct(share)}, limit {_pct(lim.max_observation_share)})")
+    if row.get("poll_ms") is not None and row.get("step_cpu_ms") is not None:
+        ev += (f"; one takes {float(row['poll_ms']):.1f} ms, {float(row['poll_step_ratio']):.2f} x the mean "
+               f"step ({float(row['step_cpu_ms']):.1f} ms)")
+    figs = {k: row.get(k) for k in ("observation_share", "poll_ms", "poll_step_ratio")}
+    if share > lim.max_observation_share:
+        return [Finding("warn", "observation_overhead", "observing the server slows its step loop", ev,
+                        "poll less often (`collect --poll-interval` longer: every poll re-encodes the whole record "
+                        "deque) or record fewer components (SGLANG_DSPARK_DEBUG_DUMP=core,reqs is what the "
+                        "health figures need)", figs)]
+    return [Finding("ok", "observation_overhead", "observation overhead within its limit", ev, "", figs)]
+
+
 def diagnose(row: Optional[Mapping[str, Any]], *, state: Optional[ServerState] = None,
              positions: Optional[pd.DataFrame] = None, limits: Optional[Limits] = None) -> list[Finding]:
     """Ranked findings for one run (its pooled :func:`figures` row) and, when known, its server's state."""
@@ -406,7 +430,7 @@ def diagnose(row: Optional[Mapping[str, Any]], *, state: Optional[ServerState] =
     steps = _steps(row, lim)
     if state is not None and not state.cost_table_loaded:  # the flat placeholder predicts nothing
         steps = [f for f in steps if not f.code.startswith("costtable")]
-    out += trim + regret + _acceptance(row, positions, lim) + steps
+    out += trim + regret + _acceptance(row, positions, lim) + steps + _observation(row, lim)
     return rank(out)
 
 

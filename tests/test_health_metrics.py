@@ -54,3 +54,22 @@ def test_trimming_active_gauge_follows_the_share_and_the_cost_table():
     assert names["dspark_obs:cost_table_loaded"].samples[0].value == 0.0
     lens = {s.labels["verify_len"]: s.value for s in names["dspark_obs:verify_len_request_steps"].samples}
     assert lens == {"1": 1, "2": 1, "3": 2, "4": 2}
+
+
+def test_observation_counters_sum_the_served_requests_and_the_step_loop():
+    counters = HealthCounters()
+    counters.on_collect_start(0.0)
+    for seconds in (0.25, 0.5, 0.125):
+        counters.on_served(seconds)
+    counters.on_collect_end(10.0)
+    steps, reqs = _tables()
+    steps = steps.set_column(steps.schema.get_field_index("step_cpu_ms"), "step_cpu_ms",
+                             pa.array([10.0, 20.0, None, 30.0], pa.float64()))
+    counters.add(steps, reqs, gamma=3)
+    fams = {fam.name: fam for fam in counters.collect()}
+    value = lambda name: sum(s.value for s in fams[f"dspark_obs:{name}"].samples)  # noqa: E731
+    assert value("observation_server_seconds") == 0.875 and value("observation_requests") == 3
+    assert value("observation_collect_seconds") == 10.0
+    assert value("step_cpu_steps") == 3 and value("step_cpu_seconds") == 0.060
+    per_rank = {s.labels["dp_rank"]: s.value for s in fams["dspark_obs:step_cpu_seconds"].samples}
+    assert per_rank == {"0": 0.030, "1": 0.030}

@@ -94,6 +94,8 @@ class CollectSummary:
     dp_size: int = 0
     polls: int = 0
     poll_errors: int = 0
+    observation_requests: int = 0  # polls and clears sent and timed
+    observation_server_s: float = 0.0  # the server's time answering them (the observation's own cost)
     steps: int = 0
     step_reqs: int = 0
     requests: int = 0
@@ -360,6 +362,7 @@ class Collector(PollingMixin):
         (launch mode stops the child there) and may return labels for the run.
         """
         t0 = time.monotonic()
+        self.metrics.health.on_collect_start(t0)
         limits = httpx.Limits(max_connections=(self.opts.drive.concurrency if self.opts.drive else 1) + 4)
         extra_labels: dict = {}
         try:
@@ -445,7 +448,8 @@ class Collector(PollingMixin):
             if not self.summary.end_reason.startswith("error"):
                 self.summary.end_reason = f"error: {self.summary.rows_failed} rows could not be written"
         self.summary.elapsed_s = time.monotonic() - t0
-        fields: dict[str, Any] = {"ended_at": _now(), "end_reason": self.summary.end_reason}
+        fields: dict[str, Any] = {"ended_at": _now(), "end_reason": self.summary.end_reason,
+                                  **self._observation_fields()}
         if self.cursor.segment and self.cursor.startup_time is not None:
             fields["startup_time"] = self.cursor.startup_time  # the server now, so a --resume follows it
         if extra_labels:
@@ -458,6 +462,21 @@ class Collector(PollingMixin):
         except Exception as exc:
             self.summary.write_errors.append(f"runs: {exc}")
         return self.summary
+
+
+    def _observation_fields(self) -> dict[str, Any]:
+        """The runs row's observation_requests, observation_server_s, collect_s: this attempt's plus earlier ones'."""
+        self.metrics.health.on_collect_end(self.summary.elapsed_s)
+        ours = {"observation_requests": self.summary.observation_requests,
+                "observation_server_s": self.summary.observation_server_s, "collect_s": self.summary.elapsed_s}
+        if self.resumed is None:
+            return ours
+        try:
+            rows = self.store.read("runs", self.opts.run_id).to_pylist()
+        except Exception:  # the write below reports a store that cannot be read
+            return ours
+        before = rows[-1] if rows else {}
+        return {k: v + (before.get(k) or 0) for k, v in ours.items()}
 
 
 def collect(store, opts: CollectOptions,
