@@ -141,7 +141,7 @@ COUNTER_COLUMNS = {"request_steps_total": "request_steps", "trimmed_request_step
                    "verified_drafts_total": "verified_drafts", "proposed_drafts_total": "proposed_drafts",
                    "expected_accepted_drafts_total": "expected_accepted", "decode_steps_total": "decode_steps",
                    "graph_tokens_total": "graph_tokens", "padded_tokens_total": "padded_tokens",
-                   "costtable_fit_steps_total": "fit_steps"}
+                   "costtable_fit_steps_total": "fit_steps", "step_cpu_steps_total": "timed_steps"}
 
 
 @pytest.mark.parametrize("run", list(RUNS))
@@ -169,6 +169,14 @@ def test_sidecar_counters_scraped_during_the_run_agree_with_the_store(collected,
         key = (("position", str(k)),)
         assert final[("dspark_obs:position_accepted_total", key)] == row["actual_accepted"]
         assert final[("dspark_obs:position_expected_accepted_total", key)] == pytest.approx(row["expected_accepted"])
+    # the observation's own cost: the collector's timings, counted live and stored in the runs row
+    assert final[("dspark_obs:observation_requests_total", ())] == pooled["observation_requests"] > 0
+    assert final[("dspark_obs:observation_server_seconds_total", ())] == pytest.approx(pooled["observation_server_s"])
+    assert final[("dspark_obs:observation_collect_seconds_total", ())] == pytest.approx(pooled["collect_s"])
+    assert 0 < pooled["observation_share"] < 1 and pooled["poll_step_ratio"] > 0
+    step_ms = 1000 * _rank_sum(final, "dspark_obs:step_cpu_seconds_total") / _rank_sum(
+        final, "dspark_obs:step_cpu_steps_total")
+    assert step_ms == pytest.approx(pooled["step_cpu_ms"], rel=1e-6)
     active = {"with-table": 1.0, "no-table": 0.0}[run]
     assert final[("dspark_obs:trimming_active", ())] == active
     assert final[("dspark_obs:cost_table_loaded", ())] == active
@@ -181,6 +189,8 @@ def test_the_overview_says_trimming_inactive_for_the_run_without_a_table(collect
     assert not at.exception, [e.value for e in at.exception]
     marks = " ".join(m.value for m in at.markdown)
     assert "**no-table** · trimming inactive" in marks and "**with-table** · trimming active" in marks
+    cost = [m for m in at.metric if m.label == "observation cost"]
+    assert len(cost) == 2 and all(m.value.endswith("%") for m in cost)
     warnings = [w.value for w in at.warning if "trimming inactive" in w.value]
     assert len(warnings) == 1 and "--speculative-dspark-sps-table-path" in warnings[0]
     titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
