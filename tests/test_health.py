@@ -220,3 +220,21 @@ def test_observation_overhead_is_not_judged_while_the_run_is_open(store):
     r = health.run_row(health.figures(sql.connect(store.root), runs=["r"]))
     assert r["observation_share"] is None
     assert "observation_overhead" not in {f.code for f in health.diagnose(r)}
+
+
+def test_the_report_gates_the_observation_share(tmp_path):
+    from dspark_obs.report.gates import threshold_verdict
+    from dspark_obs.report.inputs import RunInfo
+    from dspark_obs.report.thresholds import load_thresholds
+    from dspark_obs.report.trimming import health_section
+
+    s = Store(tmp_path / "data")
+    s.upsert_run("o", started_at=T0, ended_at=T0, source="emulator", mode="compact", gamma=GAMMA,
+                 observation_requests=40, observation_server_s=3.0, collect_s=20.0)
+    s.write("steps", "o", STEPS)
+    s.write("step_reqs", "o", REQS)
+    run = RunInfo("o", "compact", GAMMA, "emulator", T0, T0, None, 4, 6, 2)
+    fig = next(f for f in health_section(sql.connect(s.root), [run]).figures if f.metric == "observation_share")
+    assert fig.value == pytest.approx(0.15) and fig.n == 40 and fig.detail["poll_ms"] == pytest.approx(75.0)
+    verdict = threshold_verdict(fig, load_thresholds())
+    assert verdict.verdict == "warn" and verdict.limit == 0.05
