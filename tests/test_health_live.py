@@ -216,3 +216,54 @@ def test_live_ceiling_for_greedy_requests_equals_the_offline_estimate(tmp_path):
     assert final[("dspark_obs:tokens_lost_lo_total", ())] <= row["tokens_lost"] <= final[
         ("dspark_obs:tokens_lost_hi_total", ())]
     assert final[("dspark_obs:ceiling_requests_total", (("sampling", "greedy"),))] == 30
+
+
+def test_live_ceiling_for_sampled_requests_equals_the_offline_estimate_with_the_same_fit(tmp_path):
+    from dspark_obs.estimators.ceiling import estimate_run
+    from dspark_obs.estimators.ceiling_fit import CeilingFit
+
+    store = Store(tmp_path / "data")
+    drive = DriveSpec(["gsm8k", "arena-hard", "poetry"], 24, concurrency=8, max_new_tokens=64, temperature=0.8)
+    with BackgroundServer(EngineConfig(mode="compact", seed=4, dp_size=2)) as srv:
+        opts = CollectOptions(url=srv.url, run_id="earlier", poll_interval=0.05, flush_interval=0.2, drive=drive)
+        asyncio.run(Collector(store, opts).run())
+        path = tmp_path / "fit.json"  # estimate --fit-out of an earlier run of the same deployment
+        res = runner.invoke(app, ["estimate", "--data", str(store.root), "--run", "earlier", "--bootstrap", "0",
+                                  "--fit-out", str(path)])
+        assert res.exit_code == 0, res.output
+        fit = CeilingFit.load(path)
+        metrics = SidecarMetrics(ceiling_fit=fit)
+        port = metrics.serve(0)
+        opts = CollectOptions(url=srv.url, run_id="today", poll_interval=0.05, flush_interval=0.2,
+                              drive=DriveSpec(["gsm8k", "arena-hard", "poetry"], 24, concurrency=8, max_new_tokens=64,
+                                              temperature=0.8, seed=1))
+        asyncio.run(Collector(store, opts, metrics=metrics).run())
+    final = scrape(port)
+    metrics.close()
+    res = runner.invoke(app, ["estimate", "--data", str(store.root), "--run", "today", "--bootstrap", "0",
+                              "--fit-in", str(path)])
+    assert res.exit_code == 0, res.output
+    rows = store.read("ceiling", "today").to_pandas()
+    censored = rows[rows["censored"]]
+    assert final[("dspark_obs:ceiling_sampled_request_steps_total", ())] == len(censored) > 0
+    for key in ("lo", "mid", "hi"):
+        want = float((censored[key] - censored["correct_drafts"]).sum())
+        assert final[(f"dspark_obs:tokens_lost_sampled_{key}_total", ())] == pytest.approx(want, rel=1e-9), key
+    assert final[("dspark_obs:ceiling_request_steps_total", ())] == 0  # no greedy request
+    assert final[("dspark_obs:ceiling_fit_loaded", ())] == 1.0
+    assert final[("dspark_obs:ceiling_requests_total", (("sampling", "sampled"),))] == 24
+    # its own fit gives other numbers: the live sums are those of the fit the sidecar was given
+    own = estimate_run(store, "today", n_bootstrap=0, write=False).ceiling.to_pandas()
+    own = own[own["censored"]]
+    assert float((own["mid"] - own["correct_drafts"]).sum()) != pytest.approx(
+        final[("dspark_obs:tokens_lost_sampled_mid_total", ())], rel=1e-9)
+
+
+def test_collect_ceiling_fit_needs_the_metrics_port_and_a_fit(tmp_path):
+    res = runner.invoke(app, ["collect", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "d"),
+                              "--ceiling-fit", str(tmp_path / "fit.json")])
+    assert res.exit_code != 0 and "--metrics-port" in " ".join(res.output.split())
+    (tmp_path / "fit.json").write_text("{}")
+    res = runner.invoke(app, ["collect", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "d"),
+                              "--metrics-port", "0", "--ceiling-fit", str(tmp_path / "fit.json")])
+    assert res.exit_code != 0 and "--fit-out FILE" in " ".join(res.output.split())

@@ -19,7 +19,8 @@ Two kinds:
 * **Trimming health counters** (``collectors.sglang.health_metrics``): the
   sums behind every figure of ``dspark_obs.health``, so ``rate()`` works, and
   the ``trimming_active`` / ``cost_table_loaded`` gauges; and the live ceiling
-  (``collectors.sglang.live_ceiling``): tokens lost to trimming, exact for greedy requests.
+  (``collectors.sglang.live_ceiling``): tokens lost to trimming, exact for greedy requests, and for
+  sampled ones with ``ceiling_fit`` (``collect --ceiling-fit``).
 
 Each collector owns its registry, so several can run in one process (tests).
 ``serve`` exposes it on 127.0.0.1 unless told otherwise.
@@ -40,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from collectors.sglang.health_metrics import HealthCounters
 from collectors.sglang.live_ceiling import LiveCeiling
+from dspark_obs.estimators.ceiling_fit import CeilingFit
 
 NS = "dspark_obs:"
 MAX_POSITIONS = 16
@@ -129,7 +131,7 @@ class SidecarMetrics:
     """The sidecar's registry; the collector calls the ``on_*`` hooks."""
 
     def __init__(self, *, window_rows: int = 20_000, clock: Callable[[], float] = time.monotonic,
-                 health: bool = True) -> None:
+                 health: bool = True, ceiling_fit: Optional[CeilingFit] = None) -> None:
         self.registry = CollectorRegistry()
         self.track_health = health  # off: a registry nobody scrapes need not run the health queries
         r = self.registry
@@ -183,7 +185,7 @@ class SidecarMetrics:
         self.dead_letters.labels("/server_info")
         self.health = HealthCounters(window_rows=window_rows)
         r.register(self.health)
-        self.ceiling = LiveCeiling()
+        self.ceiling = LiveCeiling(fit=ceiling_fit)
         r.register(self.ceiling)
         self._server = None
 

@@ -364,6 +364,7 @@ class CeilingRun:
     sampling_counts: dict = field(default_factory=dict)   # (sampling, source) -> requests
     table: pa.Table | None = field(default=None, repr=False)   # held when not written
     store: object = field(default=None, repr=False)            # where it was written
+    fit: object = field(default=None, repr=False)              # the CeilingFit used (estimate --fit-out)
 
     @property
     def ceiling(self) -> pa.Table:
@@ -376,7 +377,8 @@ class CeilingRun:
 def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, method: Method = "default",
                  sglang_logprobs: pa.Table | None = None, n_bootstrap: int = 1000, seed: int = 0,
                  write: bool = True, chunk_rows: int | None = None, fit_rows: int | None = None,
-                 progress=None, temperature: float | None = None, alpha: float | None = None) -> CeilingRun:
+                 progress=None, temperature: float | None = None, alpha: float | None = None,
+                 fit=None) -> CeilingRun:
     """Estimate the ceiling of every request-step of ``run_id`` and write the result tables.
 
     ``con_or_store`` is a connection from :func:`dspark_obs.sql.connect` or a
@@ -408,6 +410,11 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     temperature, else ``temperature`` (an override for requests that recorded
     none), else inferred from the committed tokens with false-greedy rate at
     most ``alpha``; the ``ceiling`` rows say which (``sampling_source``).
+
+    ``fit`` (a :class:`~dspark_obs.estimators.ceiling_fit.CeilingFit`, e.g.
+    from ``estimate --fit-out`` of an earlier run of the same deployment) is
+    used instead of fitting on this run: the numbers the sidecar's live ceiling
+    used.  The result's ``fit`` is the one used either way.
     """
     from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
     from dspark_obs.estimators.ceiling_io import run_estimate
@@ -416,4 +423,4 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
                         sglang_logprobs=sglang_logprobs, n_bootstrap=n_bootstrap, seed=seed, write=write,
                         chunk_rows=chunk_rows or DEFAULT_CHUNK_ROWS, fit_rows=fit_rows or DEFAULT_FIT_ROWS,
                         progress=progress, temperature=temperature,
-                        alpha=sampling.DEFAULT_ALPHA if alpha is None else alpha)
+                        alpha=sampling.DEFAULT_ALPHA if alpha is None else alpha, fit=fit)

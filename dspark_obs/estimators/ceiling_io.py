@@ -22,18 +22,18 @@ import pyarrow.parquet as pq
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import ceiling_stats, pairing, sampling
 from dspark_obs.estimators.ceiling import CeilingRun, drafter_explains_better, estimate_ceiling
-from dspark_obs.estimators.ceiling_drafter import DrafterMap, fit_drafter_map
+from dspark_obs.estimators.ceiling_drafter import fit_drafter_map
 from dspark_obs.estimators.ceiling_chunks import (ALL, DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS, Chunk, plan_chunks,
                                                   sample_requests)
-from dspark_obs.estimators.ceiling_evidence import check_alignment, draft_evidence, padded_lists, token_index
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, BinnedPrior, fit_acceptance_model, fit_binned_prior
+from dspark_obs.estimators.ceiling_evidence import align_requests, padded_lists, token_index
+from dspark_obs.estimators.ceiling_fit import CeilingFit
+from dspark_obs.estimators.ceiling_prior import fit_acceptance_model, fit_binned_prior
 from dspark_obs.estimators.ceiling_walk import CATEGORIES
 from dspark_obs.store import validate_run_id
 
 __all__ = ["run_estimate", "RESULT_TABLES"]
 
 RESULT_TABLES = ("ceiling", "ceiling_summary", "ceiling_validation")
-_MISALIGNED_SHARE = 0.2
 
 _PLAN_SQL = """
 SELECT rid, count(*) AS n FROM step_reqs WHERE run_id = $run GROUP BY rid ORDER BY rid NULLS LAST
@@ -203,19 +203,12 @@ def _aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, cor
                         top_ids=padded_lists(tokens.column("top_ids"), fill=-1, dtype=np.int64),
                         top_logprobs=padded_lists(tokens.column("top_logprobs"), fill=np.nan, dtype=np.float64))
     del tokens
-    evidence = draft_evidence(index, code, first_pos, drafts)
-    aligned = check_alignment(evidence, drafts, correct, _np(steps, "bonus_token", np.int64, -1))
-    bad = np.bincount(slot[aligned < 0], minlength=n_req + 1)
-    checked = np.bincount(slot[aligned != 0], minlength=n_req + 1)
-    misaligned = (checked > 0) & (bad > _MISALIGNED_SHARE * checked)
-    misaligned[-1] = False
-    if misaligned.any():
-        evidence = draft_evidence(index, np.where(misaligned[slot], -1, code), first_pos, drafts)
-    complete = np.bincount(tcode, minlength=n_req + 1)[slot] == _np(steps, "completion_tokens", np.int64, -1)
+    completion = _np(steps, "completion_tokens", np.int64, -1)
     stop = pc.fill_null(pc.equal(steps.column("finish_reason"), "stop"), False).to_numpy(zero_copy_only=False)
-    names = np.asarray(rids.to_pylist(), dtype=object)[np.flatnonzero(misaligned[:-1])]
-    return _Aligned(evidence, [str(r) for r in names], stop & complete & ~misaligned[slot], code, n_req,
-                    int(bad.sum()), int(checked.sum()))
+    al = align_requests(index, code, n_req, first_pos, drafts, correct, _np(steps, "bonus_token", np.int64, -1),
+                        token_counts=np.bincount(tcode, minlength=n_req + 1)[slot], completion=completion, stop=stop)
+    names = np.asarray(rids.to_pylist(), dtype=object)[np.flatnonzero(al.misaligned[:-1])]
+    return _Aligned(al.evidence, [str(r) for r in names], al.natural_end, code, n_req, al.bad_steps, al.checked_steps)
 
 
 def _sglang_arrays(steps: pa.Table, logprobs: pa.Table | None, gamma: int):
@@ -335,28 +328,27 @@ def _inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None, *, inferred
     return _Inputs(steps, drafts, conf, window, correct, greedy, aligned, temp, kind, source), mode, gamma
 
 
-@dataclass(frozen=True)
-class _Models:
-    """What the run's verified drafts taught, fitted once and used on every chunk."""
-
-    acceptance: AcceptanceModel
-    drafter: DrafterMap
-    use_drafter: bool
-    binned: BinnedPrior | None
-
-
-def _fit(x: _Inputs) -> _Models:
+def _fit(x: _Inputs, run_id: str, gamma: int) -> CeilingFit:
+    """What the run's verified drafts teach, fitted once and used on every chunk."""
     ev = x.aligned.evidence
     model = fit_acceptance_model(x.conf, x.window, x.correct, x.greedy, p_topk=ev.p_topk, topk_state=ev.topk_state)
     drafter = fit_drafter_map(x.conf, ev.p_draft, ev.topk_state, x.window, x.correct, ~x.greedy)
     use = drafter_explains_better(drafter, model, x.conf, ev.p_draft, ev, x.window, x.correct, ~x.greedy)
-    return _Models(model, drafter, use, fit_binned_prior(x.conf, x.window, x.correct, ~x.greedy))
+    return CeilingFit(model, drafter, use, fit_binned_prior(x.conf, x.window, x.correct, ~x.greedy),
+                      {"run_id": run_id, "gamma": gamma})
+
+
+def _check_fit(fit: CeilingFit, run_id: str, gamma: int) -> CeilingFit:
+    if fit.gamma != gamma:
+        raise ValueError(f"the ceiling fit is for gamma={fit.gamma} (run {fit.meta.get('run_id')!r}), run "
+                         f"{run_id!r} has gamma={gamma}: fit one on a run of this deployment")
+    return fit
 
 
 def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprobs, n_bootstrap: int,
                  seed: int, write: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS, fit_rows: int = DEFAULT_FIT_ROWS,
                  progress: Callable[[int, int], None] | None = None, temperature: float | None = None,
-                 alpha: float = sampling.DEFAULT_ALPHA) -> CeilingRun:
+                 alpha: float = sampling.DEFAULT_ALPHA, fit: CeilingFit | None = None) -> CeilingRun:
     validate_run_id(run_id)
     con, store = _open(con_or_store)
     rids, counts = _plan(con, run_id, store.root)
@@ -367,10 +359,10 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
     if companion is None and mode == "compact":
         companion = pairing.companion_of(con, run_id)
     inferred = _infer_sampling(con, run_id, alpha)
-    model = None
-    if not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk, as one pass would
+    model = None if fit is None else _check_fit(fit, run_id, gamma)
+    if model is None and not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk
         fit_inputs, _, _ = _inputs(con, run_id, store.root, sample, gamma, inferred=inferred, temperature=temperature)
-        model = _fit(fit_inputs)
+        model = _fit(fit_inputs, run_id, gamma)
         del fit_inputs
     total, done = int(counts.sum()), 0
     acc = _RunTotals()
@@ -378,7 +370,7 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
         for chunk in chunks:
             x, mode, gamma = _inputs(con, run_id, store.root, chunk, gamma, inferred=inferred, temperature=temperature)
             if model is None:
-                model = _fit(x)
+                model = _fit(x, run_id, gamma)
             part = _estimate_chunk(con, run_id, x, chunk, mode=mode, gamma=gamma, method=method, model=model,
                                    companion=companion, sglang_logprobs=sglang_logprobs)
             acc.add(x, part)
@@ -410,7 +402,7 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
     return CeilingRun(run_id=run_id, method=method, gamma=gamma, summary=summary, validation=validation,
                       truth_source=source, companion=companion, steps_with_truth=acc.all_sums["n"],
                       misaligned_requests=acc.misaligned, num_rows=total, table=ceiling,
-                      sampling_counts=dict(sorted(acc.sampling.items())),
+                      sampling_counts=dict(sorted(acc.sampling.items())), fit=model,
                       store=store if write else None)
 
 
@@ -467,7 +459,7 @@ class _ChunkResult:
 
 
 def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, gamma: int, method: str,
-                    model: _Models, companion: str | None, sglang_logprobs) -> _ChunkResult:
+                    model: CeilingFit, companion: str | None, sglang_logprobs) -> _ChunkResult:
     q_draft, p_draft = _sglang_arrays(x.steps, sglang_logprobs, gamma)
     est = estimate_ceiling(x.drafts, x.window, x.correct, x.aligned.evidence, greedy=x.greedy,
                            natural_end=x.aligned.natural_end, confidence=x.conf, q_draft=q_draft, p_draft=p_draft,
