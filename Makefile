@@ -67,7 +67,7 @@ $(BIN)/.ray-installed: pyproject.toml $(BIN)/.installed
 	touch $@
 
 test-ray: $(BIN)/.ray-installed
-	$(BIN)/python -m pytest tests/ray -p no:cacheprovider -o python_files='ray_*.py' -q
+	$(BIN)/python -m pytest tests/ray_tier -p no:cacheprovider -o python_files='ray_*.py' -q
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .wheel-venv .wheel-venv.dist

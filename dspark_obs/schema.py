@@ -45,6 +45,11 @@ RUNS = pa.schema([
     _f("startup_time", _f64, "server startup_time from /server_info (changes on restart)"),
     _f("server_info", _str, "the first /server_info body without the record payloads, JSON"),
     _f("end_reason", _str, "why collection ended: completed | interrupted | error: ..."),
+    _f("observation_requests", _i64, "/server_info polls and clears the collector sent and timed (every "
+       "attempt of a resumed run)"),
+    _f("observation_server_s", _f64, "seconds the server spent answering them, as the collector timed them "
+       "(the observation's own cost to the server)"),
+    _f("collect_s", _f64, "seconds the collector ran (every attempt)"),
 ])
 
 STEPS = pa.schema([

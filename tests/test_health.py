@@ -191,3 +191,50 @@ def test_server_findings():
 def test_few_steps_are_not_judged():
     found = health.diagnose({**ROW, "request_steps": 10, "budget_trimmed_share": 0.0})
     assert "few_steps" in _codes(found, "info") and health.exit_code(found, "warn") == 0
+
+
+def test_observation_overhead_by_hand(tmp_path):
+    s = Store(tmp_path / "data")
+    # the collector timed 40 polls and clears: 0.5 s of the server's time over 20 s of collection
+    s.upsert_run("o", started_at=T0, ended_at=T0, source="emulator", mode="compact", gamma=GAMMA,
+                 observation_requests=40, observation_server_s=0.5, collect_s=20.0)
+    timed = [10.0, 20.0, None, 30.0]  # step_cpu_ms: the step loop's period (null after a gap)
+    s.write("steps", "o", [{**st, "step_cpu_ms": ms} for st, ms in zip(STEPS, timed)])
+    s.write("step_reqs", "o", REQS)
+    frame = health.figures(sql.connect(s.root), runs=["o"])
+    r = _row(frame)
+    assert r["observation_share"] == pytest.approx(0.5 / 20.0)
+    assert r["poll_ms"] == pytest.approx(12.5) and r["timed_steps"] == 3 and r["step_cpu_ms"] == pytest.approx(20.0)
+    assert r["poll_step_ratio"] == pytest.approx(12.5 / 20.0)
+    assert _row(frame, dp_rank="0")["step_cpu_ms"] == pytest.approx(15.0)
+    assert pd.isna(_row(frame, dp_rank="0")["observation_share"])  # a run figure: pooled rows only
+    ok = {f.code: f for f in health.diagnose(health.run_row(frame))}["observation_overhead"]
+    assert ok.severity == "ok" and "0.50 s of the collector's 20.0 s" in ok.evidence and "40 polls" in ok.evidence
+    warn = {f.code: f for f in health.diagnose(health.run_row(frame), limits=health.Limits(
+        max_observation_share=0.02))}["observation_overhead"]
+    assert warn.severity == "warn" and "--poll-interval" in warn.fix and "SGLANG_DSPARK_DEBUG_DUMP" in warn.fix
+    assert "12.5 ms, 0.62 x the mean step (20.0 ms)" in warn.evidence
+
+
+def test_observation_overhead_is_not_judged_while_the_run_is_open(store):
+    r = health.run_row(health.figures(sql.connect(store.root), runs=["r"]))
+    assert r["observation_share"] is None
+    assert "observation_overhead" not in {f.code for f in health.diagnose(r)}
+
+
+def test_the_report_gates_the_observation_share(tmp_path):
+    from dspark_obs.report.gates import threshold_verdict
+    from dspark_obs.report.inputs import RunInfo
+    from dspark_obs.report.thresholds import load_thresholds
+    from dspark_obs.report.trimming import health_section
+
+    s = Store(tmp_path / "data")
+    s.upsert_run("o", started_at=T0, ended_at=T0, source="emulator", mode="compact", gamma=GAMMA,
+                 observation_requests=40, observation_server_s=3.0, collect_s=20.0)
+    s.write("steps", "o", STEPS)
+    s.write("step_reqs", "o", REQS)
+    run = RunInfo("o", "compact", GAMMA, "emulator", T0, T0, None, 4, 6, 2)
+    fig = next(f for f in health_section(sql.connect(s.root), [run]).figures if f.metric == "observation_share")
+    assert fig.value == pytest.approx(0.15) and fig.n == 40 and fig.detail["poll_ms"] == pytest.approx(75.0)
+    verdict = threshold_verdict(fig, load_thresholds())
+    assert verdict.verdict == "warn" and verdict.limit == 0.05

@@ -141,7 +141,7 @@ COUNTER_COLUMNS = {"request_steps_total": "request_steps", "trimmed_request_step
                    "verified_drafts_total": "verified_drafts", "proposed_drafts_total": "proposed_drafts",
                    "expected_accepted_drafts_total": "expected_accepted", "decode_steps_total": "decode_steps",
                    "graph_tokens_total": "graph_tokens", "padded_tokens_total": "padded_tokens",
-                   "costtable_fit_steps_total": "fit_steps"}
+                   "costtable_fit_steps_total": "fit_steps", "step_cpu_steps_total": "timed_steps"}
 
 
 @pytest.mark.parametrize("run", list(RUNS))
@@ -169,6 +169,14 @@ def test_sidecar_counters_scraped_during_the_run_agree_with_the_store(collected,
         key = (("position", str(k)),)
         assert final[("dspark_obs:position_accepted_total", key)] == row["actual_accepted"]
         assert final[("dspark_obs:position_expected_accepted_total", key)] == pytest.approx(row["expected_accepted"])
+    # the observation's own cost: the collector's timings, counted live and stored in the runs row
+    assert final[("dspark_obs:observation_requests_total", ())] == pooled["observation_requests"] > 0
+    assert final[("dspark_obs:observation_server_seconds_total", ())] == pytest.approx(pooled["observation_server_s"])
+    assert final[("dspark_obs:observation_collect_seconds_total", ())] == pytest.approx(pooled["collect_s"])
+    assert 0 < pooled["observation_share"] < 1 and pooled["poll_step_ratio"] > 0
+    step_ms = 1000 * _rank_sum(final, "dspark_obs:step_cpu_seconds_total") / _rank_sum(
+        final, "dspark_obs:step_cpu_steps_total")
+    assert step_ms == pytest.approx(pooled["step_cpu_ms"], rel=1e-6)
     active = {"with-table": 1.0, "no-table": 0.0}[run]
     assert final[("dspark_obs:trimming_active", ())] == active
     assert final[("dspark_obs:cost_table_loaded", ())] == active
@@ -181,7 +189,81 @@ def test_the_overview_says_trimming_inactive_for_the_run_without_a_table(collect
     assert not at.exception, [e.value for e in at.exception]
     marks = " ".join(m.value for m in at.markdown)
     assert "**no-table** · trimming inactive" in marks and "**with-table** · trimming active" in marks
+    cost = [m for m in at.metric if m.label == "observation cost"]
+    assert len(cost) == 2 and all(m.value.endswith("%") for m in cost)
     warnings = [w.value for w in at.warning if "trimming inactive" in w.value]
     assert len(warnings) == 1 and "--speculative-dspark-sps-table-path" in warnings[0]
     titles = [json.loads(c.proto.spec)["layout"].get("title", {}).get("text", "") for c in at.get("plotly_chart")]
     assert "Expected vs actual acceptance by draft position" in titles
+
+
+def test_live_ceiling_for_greedy_requests_equals_the_offline_estimate(tmp_path):
+    from dspark_obs.estimators.ceiling import estimate_run
+
+    store, metrics = Store(tmp_path / "data"), SidecarMetrics()
+    port = metrics.serve(0)
+    with BackgroundServer(EngineConfig(mode="compact", seed=3, dp_size=2)) as srv:
+        opts = CollectOptions(url=srv.url, run_id="g", poll_interval=0.05, flush_interval=0.2, drive=DriveSpec(
+            ["gsm8k", "arena-hard", "poetry"], 30, concurrency=8, max_new_tokens=64, temperature=0.0))
+        asyncio.run(Collector(store, opts, metrics=metrics).run())
+    final = scrape(port)
+    metrics.close()
+    estimate_run(store, "g")
+    row = health.run_row(health.figures(sql.connect(store.root), runs=["g"]), "g")
+    assert final[("dspark_obs:ceiling_request_steps_total", ())] == row["censored_steps"] > 0
+    assert final[("dspark_obs:tokens_lost_lo_total", ())] == pytest.approx(row["tokens_lost_lo"])
+    assert final[("dspark_obs:tokens_lost_hi_total", ())] == pytest.approx(row["tokens_lost_hi"])
+    assert final[("dspark_obs:tokens_lost_lo_total", ())] <= row["tokens_lost"] <= final[
+        ("dspark_obs:tokens_lost_hi_total", ())]
+    assert final[("dspark_obs:ceiling_requests_total", (("sampling", "greedy"),))] == 30
+
+
+def test_live_ceiling_for_sampled_requests_equals_the_offline_estimate_with_the_same_fit(tmp_path):
+    from dspark_obs.estimators.ceiling import estimate_run
+    from dspark_obs.estimators.ceiling_fit import CeilingFit
+
+    store = Store(tmp_path / "data")
+    drive = DriveSpec(["gsm8k", "arena-hard", "poetry"], 24, concurrency=8, max_new_tokens=64, temperature=0.8)
+    with BackgroundServer(EngineConfig(mode="compact", seed=4, dp_size=2)) as srv:
+        opts = CollectOptions(url=srv.url, run_id="earlier", poll_interval=0.05, flush_interval=0.2, drive=drive)
+        asyncio.run(Collector(store, opts).run())
+        path = tmp_path / "fit.json"  # estimate --fit-out of an earlier run of the same deployment
+        res = runner.invoke(app, ["estimate", "--data", str(store.root), "--run", "earlier", "--bootstrap", "0",
+                                  "--fit-out", str(path)])
+        assert res.exit_code == 0, res.output
+        fit = CeilingFit.load(path)
+        metrics = SidecarMetrics(ceiling_fit=fit)
+        port = metrics.serve(0)
+        opts = CollectOptions(url=srv.url, run_id="today", poll_interval=0.05, flush_interval=0.2,
+                              drive=DriveSpec(["gsm8k", "arena-hard", "poetry"], 24, concurrency=8, max_new_tokens=64,
+                                              temperature=0.8, seed=1))
+        asyncio.run(Collector(store, opts, metrics=metrics).run())
+    final = scrape(port)
+    metrics.close()
+    res = runner.invoke(app, ["estimate", "--data", str(store.root), "--run", "today", "--bootstrap", "0",
+                              "--fit-in", str(path)])
+    assert res.exit_code == 0, res.output
+    rows = store.read("ceiling", "today").to_pandas()
+    censored = rows[rows["censored"]]
+    assert final[("dspark_obs:ceiling_sampled_request_steps_total", ())] == len(censored) > 0
+    for key in ("lo", "mid", "hi"):
+        want = float((censored[key] - censored["correct_drafts"]).sum())
+        assert final[(f"dspark_obs:tokens_lost_sampled_{key}_total", ())] == pytest.approx(want, rel=1e-9), key
+    assert final[("dspark_obs:ceiling_request_steps_total", ())] == 0  # no greedy request
+    assert final[("dspark_obs:ceiling_fit_loaded", ())] == 1.0
+    assert final[("dspark_obs:ceiling_requests_total", (("sampling", "sampled"),))] == 24
+    # its own fit gives other numbers: the live sums are those of the fit the sidecar was given
+    own = estimate_run(store, "today", n_bootstrap=0, write=False).ceiling.to_pandas()
+    own = own[own["censored"]]
+    assert float((own["mid"] - own["correct_drafts"]).sum()) != pytest.approx(
+        final[("dspark_obs:tokens_lost_sampled_mid_total", ())], rel=1e-9)
+
+
+def test_collect_ceiling_fit_needs_the_metrics_port_and_a_fit(tmp_path):
+    res = runner.invoke(app, ["collect", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "d"),
+                              "--ceiling-fit", str(tmp_path / "fit.json")])
+    assert res.exit_code != 0 and "--metrics-port" in " ".join(res.output.split())
+    (tmp_path / "fit.json").write_text("{}")
+    res = runner.invoke(app, ["collect", "--url", "http://127.0.0.1:9", "--out", str(tmp_path / "d"),
+                              "--metrics-port", "0", "--ceiling-fit", str(tmp_path / "fit.json")])
+    assert res.exit_code != 0 and "--fit-out FILE" in " ".join(res.output.split())

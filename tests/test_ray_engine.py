@@ -1,5 +1,5 @@
 """The sharded path without Ray: shards by rid hash, partial results that merge, staged files the driver
-commits, and the options' errors.  (Ray itself runs in the Ray tier: tests/ray, make test-ray.)"""
+commits, and the options' errors.  (Ray itself runs in the Ray tier: tests/ray_tier, make test-ray.)"""
 
 from __future__ import annotations
 

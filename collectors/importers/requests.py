@@ -25,8 +25,9 @@ from collectors.sglang.driver import PlannedRequest, response_rows
 _LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*")
 
 
-def _rows(sink: TableSink, body: dict, *, rid: Optional[str], workload: Callable, api: str,
-          sampling: dict, prompt: Optional[str], redact: bool) -> None:
+def finished_rows(body: dict, *, rid: Optional[str], workload: Callable, api: str, sampling: dict,
+                  prompt: Optional[str], redact: bool) -> tuple[dict, Any]:
+    """A finished request's ``requests`` row and ``tokens`` table (logprobs only when the log kept them all)."""
     meta = body.get("meta_info")
     if not isinstance(meta, dict):
         raise ValueError("no meta_info object")
@@ -47,9 +48,14 @@ def _rows(sink: TableSink, body: dict, *, rid: Optional[str], workload: Callable
     row, tokens = response_rows(req, body, concurrency=None, submitted_at=None, finished_at=None,
                                 redact_text=redact)
     row["api"] = api
+    return row, tokens
+
+
+def _rows(sink: TableSink, body: dict, **kw: Any) -> None:
+    row, tokens = finished_rows(body, **kw)
     sink.add("requests", row)
     sink.add_table("tokens", tokens)
-    sink.result.rids.add(rid)
+    sink.result.rids.add(row["rid"])
 
 
 def import_generate(store, run_id: str, path: str | Path, *, workload: Callable[[str], Any],
@@ -73,47 +79,58 @@ def import_generate(store, run_id: str, path: str | Path, *, workload: Callable[
     return result
 
 
+def parse_log_line(raw: str) -> Optional[dict[str, Any]]:
+    """One request-log line -> ``{body, rid, sampling, prompt}`` of a finished request; None for other lines.
+
+    A ``request.finished`` event (``--log-requests-format json``) or an
+    ``--export-metrics-to-file`` line; any other event or an ordinary log line
+    gives None; a line that looks like one but is not raises ValueError.
+    Shared by ``ingest --request-log`` and ``collect --request-log``.
+    """
+    text = _LOG_PREFIX.sub("", raw, count=1)
+    if not text.startswith("{"):
+        return None  # an ordinary log line
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    if "request_parameters" in data:  # --export-metrics-to-file
+        params = data.get("request_parameters")
+        params = json.loads(params) if isinstance(params, str) else (params or {})
+        if not isinstance(params, dict):
+            raise ValueError("request_parameters is not a JSON object")
+        meta = {k: v for k, v in data.items() if k != "request_parameters"}
+        sp = params.get("sampling_params") if isinstance(params.get("sampling_params"), dict) else {}
+        return {"body": {"meta_info": meta}, "rid": params.get("rid") if isinstance(params.get("rid"), str) else None,
+                "sampling": sp, "prompt": params.get("text")}
+    if "event" in data:
+        if data["event"] != "request.finished":
+            return None
+        obj = data.get("obj") if isinstance(data.get("obj"), dict) else {}
+        out = data.get("out")
+        if not isinstance(out, dict):
+            raise ValueError("request.finished without an 'out' object")
+        sp = obj.get("sampling_params") if isinstance(obj.get("sampling_params"), dict) else {}
+        return {"body": out, "rid": data.get("rid") if isinstance(data.get("rid"), str) else None,
+                "sampling": sp, "prompt": obj.get("text")}
+    raise ValueError("neither a request log event nor an exported metrics line")
+
+
 def import_request_log(store, run_id: str, path: str | Path, *, workload: Callable[[str], Any],
                        redact_text: bool = False) -> ImportResult:
     result = ImportResult("request-log")
     sink = TableSink(store, run_id, result, redact_text=redact_text)
     source = f"request-log:{Path(path).name}"
     for line, raw in iter_lines(path):
-        text = _LOG_PREFIX.sub("", raw, count=1)
-        if not text.startswith("{"):
-            result.skipped += 1  # an ordinary log line
-            continue
         try:
-            try:
-                data = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"not JSON: {exc}") from exc
-            if not isinstance(data, dict):
-                raise ValueError("expected a JSON object")
-            if "request_parameters" in data:  # --export-metrics-to-file
-                params = data.get("request_parameters")
-                params = json.loads(params) if isinstance(params, str) else (params or {})
-                if not isinstance(params, dict):
-                    raise ValueError("request_parameters is not a JSON object")
-                meta = {k: v for k, v in data.items() if k != "request_parameters"}
-                sp = params.get("sampling_params") if isinstance(params.get("sampling_params"), dict) else {}
-                _rows(sink, {"meta_info": meta}, rid=params.get("rid") if isinstance(params.get("rid"), str)
-                      else None, workload=workload, api="log", sampling=sp, prompt=params.get("text"),
-                      redact=redact_text)
-            elif "event" in data:
-                if data["event"] != "request.finished":
-                    result.skipped += 1
-                    continue
-                obj = data.get("obj") if isinstance(data.get("obj"), dict) else {}
-                out = data.get("out")
-                if not isinstance(out, dict):
-                    raise ValueError("request.finished without an 'out' object")
-                sp = obj.get("sampling_params") if isinstance(obj.get("sampling_params"), dict) else {}
-                rid = data.get("rid") if isinstance(data.get("rid"), str) else None
-                _rows(sink, out, rid=rid, workload=workload, api="log", sampling=sp, prompt=obj.get("text"),
-                      redact=redact_text)
-            else:
-                raise ValueError("neither a request log event nor an exported metrics line")
+            entry = parse_log_line(raw)
+            if entry is None:
+                result.skipped += 1
+                continue
+            _rows(sink, entry["body"], rid=entry["rid"], workload=workload, api="log", sampling=entry["sampling"],
+                  prompt=entry["prompt"], redact=redact_text)
         except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
             sink.dead(f"{source}:{line}", str(exc), raw)
     sink.close()

@@ -5,10 +5,13 @@ SGLang's own spec metrics are gauges reset every log interval, so PromQL
 health figure — request-steps, trimmed and budget-trimmed ones, censored ones,
 verified and no-trim tokens, accepted / verified / proposed drafts, the
 survival-predicted accepted drafts, padding and DP-tier tokens, the cost
-table's summed relative error — per DP rank, so any window's figure is a
-ratio of two ``rate()`` s (the Grafana row and the alert rules in
+table's summed relative error, the step loop's summed step_cpu_ms — per DP
+rank, so any window's figure is a ratio of two ``rate()`` s (the Grafana row and the alert rules in
 ``examples/`` are written that way).  Per position, ``position_*`` counters
-give survival-predicted against observed acceptance.
+give survival-predicted against observed acceptance.  ``observation_*`` count
+the observation's own cost: the seconds the server spent answering the
+sidecar's polls and clears (the collector times each), so their ``rate()`` is
+the share of wall time the server spends on being observed.
 
 The sums come from the same SQL as every other consumer (``health_figures``
 over the poll's batch in memory).  Work is deferred to scrape time: batches
@@ -23,6 +26,7 @@ server's arguments said at the start of the run.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from typing import Iterable, Optional
 
@@ -60,6 +64,19 @@ RANK_COUNTERS = (
     ("costtable_fit_steps", "fit_steps", "Steps with predicted_step_ms and step_gpu_ms"),
     ("costtable_abs_pct_error", None, "Sum over those steps of |predicted_step_ms - step_gpu_ms| / step_gpu_ms "
      "(MAPE = rate of this / rate of costtable_fit_steps)"),
+    ("step_cpu_steps", "timed_steps", "Decode steps with step_cpu_ms (host time since the previous step)"),
+    ("step_cpu_seconds", None, "Sum of their step_cpu_ms, in seconds (mean step = rate of this / rate of "
+     "step_cpu_steps)"),
+)
+# counters that are a mean x its count in health_figures: name -> (mean column, count column, scale)
+_FROM_MEANS = {"costtable_abs_pct_error": ("costtable_mape", "fit_steps", 1.0),
+               "step_cpu_seconds": ("step_cpu_ms", "timed_steps", 1e-3)}
+OBSERVATION_COUNTERS = (
+    ("observation_server_seconds", "server_s", "Seconds the server spent answering the sidecar's /server_info polls "
+     "and clears (rate() = share of wall time: the observation's own cost)"),
+    ("observation_requests", "requests", "Polls and clears the sidecar sent and timed"),
+    ("observation_collect_seconds", "collect_s", "Seconds the sidecar has been collecting (the share's "
+     "denominator over a whole run)"),
 )
 POSITION_COUNTERS = (
     ("position_verified_request_steps", "n", "Request-steps that verified draft position k (with survival)"),
@@ -75,7 +92,9 @@ class HealthCounters:
                  limits: Optional[health.Limits] = None) -> None:
         self.window_rows, self.fold_rows = max(1, window_rows), max(1, fold_rows)
         self.limits = limits or health.Limits.from_thresholds()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # pending batches and totals: held only briefly (the poll loop adds)
+        self._fold_lock = threading.Lock()  # one fold at a time (the query's connection is reused)
+        self._folder: Optional[threading.Thread] = None
         self._pending: list[tuple[pa.Table, pa.Table]] = []
         self._pending_rows = 0
         self._rank: dict[str, dict[str, float]] = {}
@@ -86,6 +105,29 @@ class HealthCounters:
         self.gamma: Optional[int] = None
         self.cost_table_loaded: Optional[bool] = None
         self._con: Optional[duckdb.DuckDBPyConnection] = None
+        self._observed = {"server_s": 0.0, "requests": 0.0}
+        self._collect_t0: Optional[float] = None
+        self._collect_s: Optional[float] = None  # set when the run ends (then it stops counting)
+
+    def on_collect_start(self, t0: Optional[float] = None) -> None:
+        self._collect_t0, self._collect_s = time.monotonic() if t0 is None else t0, None
+
+    def on_collect_end(self, elapsed_s: float) -> None:
+        self._collect_s = elapsed_s
+
+    def on_served(self, seconds: float) -> None:
+        """One poll or clear the server answered in ``seconds`` (timed by the collector)."""
+        with self._lock:
+            self._observed["server_s"] += seconds
+            self._observed["requests"] += 1
+
+    def observation(self) -> dict[str, float]:
+        """server_s, requests and collect_s so far (the counters' values)."""
+        with self._lock:
+            out = dict(self._observed)
+        out["collect_s"] = (self._collect_s if self._collect_s is not None else
+                            0.0 if self._collect_t0 is None else time.monotonic() - self._collect_t0)
+        return out
 
     def on_run(self, state: health.ServerState) -> None:
         self.gamma = state.gamma
@@ -98,14 +140,16 @@ class HealthCounters:
         with self._lock:
             self._pending.append((steps, reqs))
             self._pending_rows += reqs.num_rows
-            due = self._pending_rows >= self.fold_rows
-        if due:
-            self.fold()
+            due = self._pending_rows >= self.fold_rows and (self._folder is None or not self._folder.is_alive())
+            if due:  # off the caller's thread: the poll loop must not wait on a query
+                self._folder = threading.Thread(target=self.fold, name="health-fold", daemon=True)
+                self._folder.start()
 
     def fold(self) -> None:
         """Fold every queued batch into the totals (one query over them all)."""
-        with self._lock:
-            batches, self._pending, self._pending_rows = self._pending, [], 0
+        with self._fold_lock:
+            with self._lock:
+                batches, self._pending, self._pending_rows = self._pending, [], 0
             if not batches:
                 return
             steps = pa.concat_tables([b[0] for b in batches], promote_options="default")
@@ -113,23 +157,29 @@ class HealthCounters:
             self._con = health.memory_connection(steps, reqs, run_id="live", gamma=self.gamma, con=self._con)
             fig = health.memory_figures(self._con)
             pos = health.memory_by_position(self._con)
-            self._fold_ranks(fig)
-            for row in pos.itertuples():
-                tot = self._pos.setdefault(int(row.position), {})
-                for _, col, _ in POSITION_COUNTERS:
-                    tot[col] = tot.get(col, 0.0) + float(getattr(row, col) or 0)
             lens, counts = np.unique(reqs.column("verify_len").to_numpy(zero_copy_only=False), return_counts=True)
-            for v, c in zip(lens.tolist(), counts.tolist()):
-                self._lens[int(v)] = self._lens.get(int(v), 0.0) + c
+            with self._lock:
+                self._merge(fig, pos, lens, counts)
+
+    def _merge(self, fig, pos, lens, counts) -> None:
+        """Add one fold's sums to the totals (under ``_lock``)."""
+        self._fold_ranks(fig)
+        for row in pos.itertuples():
+            tot = self._pos.setdefault(int(row.position), {})
+            for _, col, _ in POSITION_COUNTERS:
+                tot[col] = tot.get(col, 0.0) + float(getattr(row, col) or 0)
+        for v, c in zip(lens.tolist(), counts.tolist()):
+            self._lens[int(v)] = self._lens.get(int(v), 0.0) + c
 
     def _fold_ranks(self, fig) -> None:
         ranks = fig[(fig["dp_rank"] != "*") & (fig["workload"] == "*")]
         for row in ranks.to_dict("records"):
             tot = self._rank.setdefault(str(row["dp_rank"]), {})
             for name, col, _ in RANK_COUNTERS:
-                if col is None:  # summed relative error = mean x count
-                    mape, n = row.get("costtable_mape"), row.get("fit_steps")
-                    value = 0.0 if health.is_missing(mape) or health.is_missing(n) else float(mape) * float(n)
+                if col is None:  # a sum = mean x count
+                    mean_col, n_col, scale = _FROM_MEANS[name]
+                    mean, n = row.get(mean_col), row.get(n_col)
+                    value = 0.0 if health.is_missing(mean) or health.is_missing(n) else float(mean) * float(n) * scale
                 else:
                     value = 0.0 if health.is_missing(row.get(col)) else float(row[col])
                 tot[name] = tot.get(name, 0.0) + value
@@ -164,6 +214,7 @@ class HealthCounters:
 
     def collect(self) -> Iterable:
         self.fold()
+        observed = self.observation()
         with self._lock:
             for name, _, doc in RANK_COUNTERS:
                 fam = CounterMetricFamily(NS + name, doc, labels=["dp_rank"])
@@ -175,6 +226,8 @@ class HealthCounters:
                 for k, tot in sorted(self._pos.items()):
                     fam.add_metric([str(k)], tot.get(col, 0.0))
                 yield fam
+            for name, key, doc in OBSERVATION_COUNTERS:
+                yield CounterMetricFamily(NS + name, doc, value=observed[key])
             fam = CounterMetricFamily(NS + "verify_len_request_steps", "Request-steps by verify_len (distinct "
                                       "window sizes: count(rate(...) > 0))", labels=["verify_len"])
             for v, c in sorted(self._lens.items()):

@@ -18,7 +18,9 @@ Two kinds:
   ceiling is unknown), and ``mean_window`` the mean ``verify_len - 1``.
 * **Trimming health counters** (``collectors.sglang.health_metrics``): the
   sums behind every figure of ``dspark_obs.health``, so ``rate()`` works, and
-  the ``trimming_active`` / ``cost_table_loaded`` gauges.
+  the ``trimming_active`` / ``cost_table_loaded`` gauges; and the live ceiling
+  (``collectors.sglang.live_ceiling``): tokens lost to trimming, exact for greedy requests, and for
+  sampled ones with ``ceiling_fit`` (``collect --ceiling-fit``).
 
 Each collector owns its registry, so several can run in one process (tests).
 ``serve`` exposes it on 127.0.0.1 unless told otherwise.
@@ -38,6 +40,8 @@ import pyarrow.compute as pc
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 
 from collectors.sglang.health_metrics import HealthCounters
+from collectors.sglang.live_ceiling import LiveCeiling
+from dspark_obs.estimators.ceiling_fit import CeilingFit
 
 NS = "dspark_obs:"
 MAX_POSITIONS = 16
@@ -126,8 +130,10 @@ def aggregate_step_reqs(reqs: pa.Table, *, positions: int = MAX_POSITIONS) -> di
 class SidecarMetrics:
     """The sidecar's registry; the collector calls the ``on_*`` hooks."""
 
-    def __init__(self, *, window_rows: int = 20_000, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, window_rows: int = 20_000, clock: Callable[[], float] = time.monotonic,
+                 health: bool = True, ceiling_fit: Optional[CeilingFit] = None) -> None:
         self.registry = CollectorRegistry()
+        self.track_health = health  # off: a registry nobody scrapes need not run the health queries
         r = self.registry
         self._clock = clock
         self._last_poll: Optional[float] = None
@@ -179,6 +185,8 @@ class SidecarMetrics:
         self.dead_letters.labels("/server_info")
         self.health = HealthCounters(window_rows=window_rows)
         r.register(self.health)
+        self.ceiling = LiveCeiling(fit=ceiling_fit)
+        r.register(self.ceiling)
         self._server = None
 
     def _lag(self) -> float:
@@ -201,7 +209,14 @@ class SidecarMetrics:
     def on_batch(self, steps: pa.Table, reqs: pa.Table, *, gamma: Optional[int] = None) -> None:
         """One poll's new rows: the censoring-aware gauges and the health counters."""
         self.on_step_reqs(reqs)
-        self.health.add(steps, reqs, gamma=gamma)
+        if self.track_health:
+            self.health.add(steps, reqs, gamma=gamma)
+            self.ceiling.add_steps(reqs)
+
+    def on_request(self, row: dict, tokens: Optional[pa.Table]) -> None:
+        """A finished request (driver response or request log): the live ceiling's tokens."""
+        if self.track_health:
+            self.ceiling.on_request(row, tokens)
 
     def on_step_reqs(self, reqs: pa.Table) -> None:
         agg = aggregate_step_reqs(reqs)

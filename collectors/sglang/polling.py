@@ -76,6 +76,7 @@ class PollingMixin:
         """The GET, given up (None) when a stop arrives first: nothing was consumed yet."""
         t0 = time.monotonic()
         get = asyncio.ensure_future(client.get("/server_info", timeout=timeout))
+        get.add_done_callback(lambda f: f.cancelled() or f.exception() or self._served(time.monotonic() - t0))
         if not abandon_on_stop:
             return await get
         stopped = asyncio.ensure_future(self._stop.wait())
@@ -218,11 +219,19 @@ class PollingMixin:
                 self._gap(Gap(dp_rank, cur.high_water + 1, -1, "clear", self.cursor.segment))
                 cur.cleared = False
 
+    def _served(self, seconds: float) -> None:
+        """Seconds the server spent answering one of our requests: the observation's own cost to it."""
+        self.summary.observation_requests += 1
+        self.summary.observation_server_s += seconds
+        self.metrics.health.on_served(seconds)
+
     async def _clear(self, client: httpx.AsyncClient, *, timeout: Optional[float] = None) -> bool:
         """Ask the server to clear its deque; True when it did (the caller tells the cursor after decoding)."""
         try:
+            t0 = time.monotonic()
             resp = await client.post("/set_internal_state", timeout=timeout or self.opts.poll_timeout,
                                      json={"server_args": {"dspark_clear_info_records": True}})
+            self._served(time.monotonic() - t0)
             resp.raise_for_status()
             body = resp.json()
             if isinstance(body, dict) and body.get("updated"):

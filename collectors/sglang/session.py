@@ -83,6 +83,7 @@ class CollectOptions:
     resume: bool = False  # continue an existing run (else it is refused)
     include_held: bool = False  # also store the records the server held before the run started
     keep_token_ids: bool = False  # with redact_text: still store the tokens table (ids, logprobs, top-k)
+    request_log: Optional[str] = None  # follow SGLang's JSON request log for finished requests (attach mode)
 
 
 @dataclass
@@ -93,6 +94,8 @@ class CollectSummary:
     dp_size: int = 0
     polls: int = 0
     poll_errors: int = 0
+    observation_requests: int = 0  # polls and clears sent and timed
+    observation_server_s: float = 0.0  # the server's time answering them (the observation's own cost)
     steps: int = 0
     step_reqs: int = 0
     requests: int = 0
@@ -129,7 +132,7 @@ class Collector(PollingMixin):
                  metrics: Optional[SidecarMetrics] = None) -> None:
         self.store, self.opts = store, opts
         self.cursor = ForwardCursor()
-        self.metrics = metrics or SidecarMetrics()
+        self.metrics = metrics or SidecarMetrics(health=False)  # nobody can scrape a registry made here
         self.writer = BufferedWriter(store, opts.run_id, flush_interval=opts.flush_interval,
                                      max_pending_bytes=opts.max_buffer_bytes,
                                      on_written=lambda t, n: self.metrics.rows_written.labels(t).inc(n))
@@ -276,6 +279,7 @@ class Collector(PollingMixin):
         if not self.opts.redact_text or self.opts.keep_token_ids:  # token ids spell the output text
             self._add("tokens", tokens)
         self.accounting.finished(row["rid"], row.get("spec_verify_ct"))
+        self.metrics.on_request(row, tokens)
         self.summary.requests += 1
         self.summary.tokens += tokens.num_rows if not self.opts.redact_text or self.opts.keep_token_ids else 0
         self.progress("requests", 1)
@@ -324,6 +328,29 @@ class Collector(PollingMixin):
         for fields in losses.dropped_rows(others, {}):
             self._period_gap(fields.pop("reason"), **fields)
 
+    async def _follow_request_log(self) -> None:
+        from collectors.importers import WorkloadResolver
+        from collectors.sglang.request_log import RequestLogFollower
+
+        self._log_follower = RequestLogFollower(self.opts.request_log, WorkloadResolver(), redact=self.opts.redact_text)
+        while not self._stop.is_set():
+            self._take_request_log()
+            try:
+                await asyncio.wait_for(self._stop.wait(), timeout=self.opts.poll_interval)
+            except asyncio.TimeoutError:
+                pass
+
+    def _take_request_log(self) -> None:
+        follower = getattr(self, "_log_follower", None)
+        if follower is None:
+            return
+        for row, tokens in follower.poll():
+            row["finished_at"] = _now()
+            self._on_result(row, tokens)
+        for reason, raw in follower.dead:
+            self._dead_letter(f"request-log:{self.opts.request_log.rsplit('/', 1)[-1]}", reason, raw)
+        follower.dead.clear()
+
     # -- the run -----------------------------------------------------------------
 
     async def run(self, *, server_exit: Optional[asyncio.Future] = None,
@@ -335,6 +362,7 @@ class Collector(PollingMixin):
         (launch mode stops the child there) and may return labels for the run.
         """
         t0 = time.monotonic()
+        self.metrics.health.on_collect_start(t0)
         limits = httpx.Limits(max_connections=(self.opts.drive.concurrency if self.opts.drive else 1) + 4)
         extra_labels: dict = {}
         try:
@@ -347,6 +375,7 @@ class Collector(PollingMixin):
                                          limits=limits) as client:
                 await self._start_run(client)
                 poller = asyncio.create_task(self._poll_loop(client))
+                follower = asyncio.create_task(self._follow_request_log()) if self.opts.request_log else None
                 if self.opts.drive is not None:
                     main = asyncio.create_task(drive(
                         client, self.opts.drive, self._on_result,
@@ -387,6 +416,9 @@ class Collector(PollingMixin):
                     last = min(self.opts.poll_timeout, 2.0) if self.stop_reason else self.opts.poll_timeout
                     await self.poll_once(client, timeout=last)
                     self._report_trailing_clears()
+                if follower is not None:
+                    await asyncio.wait({follower}, timeout=self.opts.poll_timeout)
+                    self._take_request_log()  # what the server logged up to the last poll
                 if before_close is not None:
                     extra_labels = await before_close() or {}
         except CollectError:
@@ -416,7 +448,8 @@ class Collector(PollingMixin):
             if not self.summary.end_reason.startswith("error"):
                 self.summary.end_reason = f"error: {self.summary.rows_failed} rows could not be written"
         self.summary.elapsed_s = time.monotonic() - t0
-        fields: dict[str, Any] = {"ended_at": _now(), "end_reason": self.summary.end_reason}
+        fields: dict[str, Any] = {"ended_at": _now(), "end_reason": self.summary.end_reason,
+                                  **self._observation_fields()}
         if self.cursor.segment and self.cursor.startup_time is not None:
             fields["startup_time"] = self.cursor.startup_time  # the server now, so a --resume follows it
         if extra_labels:
@@ -429,6 +462,21 @@ class Collector(PollingMixin):
         except Exception as exc:
             self.summary.write_errors.append(f"runs: {exc}")
         return self.summary
+
+
+    def _observation_fields(self) -> dict[str, Any]:
+        """The runs row's observation_requests, observation_server_s, collect_s: this attempt's plus earlier ones'."""
+        self.metrics.health.on_collect_end(self.summary.elapsed_s)
+        ours = {"observation_requests": self.summary.observation_requests,
+                "observation_server_s": self.summary.observation_server_s, "collect_s": self.summary.elapsed_s}
+        if self.resumed is None:
+            return ours
+        try:
+            rows = self.store.read("runs", self.opts.run_id).to_pylist()
+        except Exception:  # the write below reports a store that cannot be read
+            return ours
+        before = rows[-1] if rows else {}
+        return {k: v + (before.get(k) or 0) for k, v in ours.items()}
 
 
 def collect(store, opts: CollectOptions,

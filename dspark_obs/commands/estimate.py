@@ -43,6 +43,12 @@ def estimate(
     temperature: Optional[float] = typer.Option(None, min=0.0, help="Sampling temperature of requests whose run "
                                                 "recorded none (0 = greedy), e.g. a run ingested from /generate "
                                                 "bodies. Default: inferred from the committed tokens' top-1."),
+    fit_out: Optional[Path] = typer.Option(None, help="Write the fit behind the sampled requests' estimate (acceptance "
+                                           "model, drafter map, binned prior) as JSON, for `collect --ceiling-fit "
+                                           "FILE` (the sidecar's live ceiling) and `--fit-in`."),
+    fit_in: Optional[Path] = typer.Option(None, help="Use this fit (from --fit-out on an earlier run of the same "
+                                          "deployment) instead of fitting on the run: the numbers the sidecar's "
+                                          "live ceiling used."),
     format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP),
     engine: str = ENGINE,
     ray_address: Optional[str] = RAY_ADDRESS,
@@ -82,6 +88,10 @@ def estimate(
     `dspark-obs estimate --data s3://bucket/fleet --run night-1 --engine ray --ray-address ray://head:10001`
 
     `dspark-obs sql --data D "select category, count(*), avg(mid), avg(hi - lo) from ceiling group by 1"`
+
+    `dspark-obs estimate --data D --run yesterday --fit-out fit.json`, then
+    `dspark-obs collect --url URL --out D --metrics-port 9464 --ceiling-fit fit.json`: a live ceiling for
+    sampled requests; `dspark-obs estimate --data D --run today --fit-in fit.json` gives the same sums.
     """
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import ceiling as ceil
@@ -103,13 +113,27 @@ def estimate(
     if sglang_jsonl is not None:
         logprobs = logprobs_from_sglang_jsonl(_read_jsonl(sglang_jsonl), gamma=_gamma(con, run))
         err.print(f"{sglang_jsonl}: draft logprobs for {logprobs.num_rows} censored steps")
+    fit = None
+    if fit_in is not None:
+        from dspark_obs.estimators.ceiling_fit import CeilingFit
+
+        try:
+            fit = CeilingFit.load(fit_in)
+        except ValueError as exc:
+            fail(f"--fit-in {exc}")
     try:
         with step_progress(f"estimating {run}") as progress:
             result = ceil.estimate_run(con, run, companion=companion, method=method, sglang_logprobs=logprobs,
                                        n_bootstrap=bootstrap, seed=seed, progress=progress,
-                                       temperature=temperature, engine=ray)
+                                       temperature=temperature, engine=ray, fit=fit)
     except (LookupError, ValueError) as exc:
         fail(str(exc))
+    if fit_out is not None:
+        try:
+            result.fit.save(fit_out)
+        except OSError as exc:
+            fail(f"--fit-out {fit_out}: {exc}")
+        err.print(f"wrote the ceiling fit to {fit_out} (for `collect --ceiling-fit {fit_out}`)")
     err.print(_sampling_line(result.sampling_counts))
     if result.misaligned_requests:
         err.print(f"[yellow]warning:[/yellow] {len(result.misaligned_requests)} requests' tokens do not line up "

@@ -82,6 +82,9 @@ class EngineConfig:
     # folded_proposal False (SGLANG_DSPARK_FOLDED_PROPOSAL=0), as in SGLang.
     estimate_path: Optional[str] = None
     folded_proposal: bool = True
+    # The server's --log-requests --log-requests-format json --log-requests-level 3, written to this file
+    # (SGLang: --log-requests-target); None = off.
+    request_log_path: Optional[str] = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

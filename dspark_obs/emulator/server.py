@@ -72,6 +72,10 @@ def _server_args(cfg: EngineConfig, port: int) -> dict[str, Any]:
         "speculative_dspark_sps_table_path": cfg.sps_table_path if cfg.sps_table is not None else None,
         "speculative_dspark_confidence_sts_path": None,
         "enable_metrics": True,
+        "log_requests": bool(cfg.request_log_path),
+        "log_requests_format": "json" if cfg.request_log_path else "text",
+        "log_requests_level": 3 if cfg.request_log_path else 2,
+        "log_requests_target": [cfg.request_log_path] if cfg.request_log_path else None,
         "emulator": True,
         # what the emulator plans with: file (the path above) | builtin (its additive table) | none
         "emulator_sps_table": sps_table_source(cfg),
@@ -158,7 +162,22 @@ class EmulatorApp:
         except (TypeError, ValueError) as exc:
             return JSONResponse({"error": {"message": str(exc)}}, status_code=400)
         result = await asyncio.wrap_future(fut)
+        if self.cfg.request_log_path:
+            self._log_finished(str(rid), body, result)
         return Response(msgspec.json.encode(result), media_type="application/json")
+
+    def _log_finished(self, rid: str, body: dict, result: dict) -> None:
+        """One ``request.finished`` line as SGLang's JSON request log writes it (level 3: nothing cut).
+
+        The file is opened per line, so a log rotated by renaming is recreated on the next request.
+        """
+        now = time.time()
+        obj = {k: body[k] for k in ("text", "input_ids", "sampling_params", "return_logprob") if k in body}
+        line = msgspec.json.encode({"timestamp": now, "event": "request.finished", "rid": rid,
+                                    "obj": {**obj, "rid": rid}, "out": result}).decode()
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(now))
+        with open(self.cfg.request_log_path, "a", encoding="utf-8") as fh:
+            fh.write(f"[{stamp}] {line}\n")
 
     # -- OpenAI-compatible endpoints (SGLang's serving_completions / serving_chat) --
 

@@ -364,6 +364,7 @@ class CeilingRun:
     sampling_counts: dict = field(default_factory=dict)   # (sampling, source) -> requests
     table: pa.Table | None = field(default=None, repr=False)   # held when not written
     store: object = field(default=None, repr=False)            # where it was written
+    fit: object = field(default=None, repr=False)              # the CeilingFit used (estimate --fit-out)
 
     @property
     def ceiling(self) -> pa.Table:
@@ -377,7 +378,7 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
                  sglang_logprobs: pa.Table | None = None, n_bootstrap: int = 1000, seed: int = 0,
                  write: bool = True, chunk_rows: int | None = None, fit_rows: int | None = None,
                  progress=None, temperature: float | None = None, alpha: float | None = None,
-                 engine=None) -> CeilingRun:
+                 engine=None, fit=None) -> CeilingRun:
     """Estimate the ceiling of every request-step of ``run_id`` and write the result tables.
 
     ``con_or_store`` is a connection from :func:`dspark_obs.sql.connect` or a
@@ -413,6 +414,11 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     ``engine`` (a :class:`dspark_obs.ray_engine.RayEngine`) runs the chunks as
     Ray tasks over shards of requests by rid hash: the same per-step rows, and the
     same summary and validation up to the order of float additions.
+
+    ``fit`` (a :class:`~dspark_obs.estimators.ceiling_fit.CeilingFit`, e.g.
+    from ``estimate --fit-out`` of an earlier run of the same deployment) is
+    used instead of fitting on this run: the numbers the sidecar's live ceiling
+    used.  The result's ``fit`` is the one used either way.
     """
     from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
     from dspark_obs.estimators.ceiling_io import run_estimate
@@ -421,4 +427,4 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
                         sglang_logprobs=sglang_logprobs, n_bootstrap=n_bootstrap, seed=seed, write=write,
                         chunk_rows=chunk_rows or DEFAULT_CHUNK_ROWS, fit_rows=fit_rows or DEFAULT_FIT_ROWS,
                         progress=progress, temperature=temperature,
-                        alpha=sampling.DEFAULT_ALPHA if alpha is None else alpha, engine=engine)
+                        alpha=sampling.DEFAULT_ALPHA if alpha is None else alpha, engine=engine, fit=fit)

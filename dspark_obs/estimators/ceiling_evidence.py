@@ -31,7 +31,8 @@ import pyarrow.compute as pc
 
 from dspark_obs.estimators.ceiling_walk import NO_TOKEN
 
-__all__ = ["TokenIndex", "Evidence", "token_index", "draft_evidence", "padded_lists", "check_alignment"]
+__all__ = ["TokenIndex", "Evidence", "token_index", "draft_evidence", "padded_lists", "check_alignment", "Aligned",
+           "align_requests", "MISALIGNED_SHARE"]
 
 
 def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype) -> np.ndarray:
@@ -180,3 +181,44 @@ def check_alignment(evidence: Evidence, drafts: np.ndarray, correct: np.ndarray,
     bonus_known = (correct < gamma) & (bonus_real != NO_TOKEN)
     agree &= ~bonus_known | (bonus_real == np.asarray(bonus, dtype=np.int64))
     return np.where(any_known | bonus_known, np.where(agree, 1, -1), 0).astype(np.int8)
+
+
+MISALIGNED_SHARE = 0.2  # a request whose committed tokens disagree on more of its steps is walked without tokens
+
+
+@dataclass(frozen=True)
+class Aligned:
+    """Evidence of some requests' steps and what the alignment check found (see :func:`align_requests`)."""
+
+    evidence: Evidence
+    misaligned: np.ndarray   # bool [n_requests + 1] (the last slot: steps without a rid, never misaligned)
+    natural_end: np.ndarray  # bool [n] the request ended with EOS / stop, its tokens complete and aligned
+    bad_steps: int
+    checked_steps: int
+
+
+def align_requests(index: TokenIndex, code: np.ndarray, n_requests: int, first_pos: np.ndarray, drafts: np.ndarray,
+                   correct: np.ndarray, bonus: np.ndarray, *, token_counts: np.ndarray, completion: np.ndarray,
+                   stop: np.ndarray) -> Aligned:
+    """Evidence per drafted position, the requests whose tokens do not line up, and natural ends.
+
+    ``code`` is each step's request code (-1: no rid), ``first_pos`` the
+    output position of its ``d_1``; ``token_counts`` / ``completion`` /
+    ``stop`` are per step: its request's tokens held, its completion_tokens
+    (-1 unknown) and whether it finished with ``stop``.  A request whose
+    committed tokens disagree with its tokens on more than 20% of its checked
+    steps is walked without tokens.  Every decision is per request, so the
+    offline estimator's chunks and the sidecar's live ceiling (one request at a
+    time) get what one pass over the run would.
+    """
+    slot = np.where(code < 0, n_requests, code)
+    evidence = draft_evidence(index, code, first_pos, drafts)
+    aligned = check_alignment(evidence, drafts, correct, bonus)
+    bad = np.bincount(slot[aligned < 0], minlength=n_requests + 1)
+    checked = np.bincount(slot[aligned != 0], minlength=n_requests + 1)
+    misaligned = (checked > 0) & (bad > MISALIGNED_SHARE * checked)
+    misaligned[-1] = False
+    if misaligned.any():
+        evidence = draft_evidence(index, np.where(misaligned[slot], -1, code), first_pos, drafts)
+    natural_end = np.asarray(stop, dtype=bool) & (np.asarray(token_counts) == np.asarray(completion)) & ~misaligned[slot]
+    return Aligned(evidence, misaligned, natural_end, int(bad.sum()), int(checked.sum()))

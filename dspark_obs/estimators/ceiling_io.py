@@ -20,11 +20,12 @@ import pyarrow.compute as pc
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import ceiling_stats, pairing, sampling
 from dspark_obs.estimators.ceiling import CeilingRun, drafter_explains_better, estimate_ceiling
-from dspark_obs.estimators.ceiling_drafter import DrafterMap, fit_drafter_map
+from dspark_obs.estimators.ceiling_drafter import fit_drafter_map
 from dspark_obs.estimators.ceiling_chunks import (ALL, DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS, Chunk, plan_chunks,
                                                   sample_requests)
-from dspark_obs.estimators.ceiling_evidence import check_alignment, draft_evidence, padded_lists, token_index
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, BinnedPrior, fit_acceptance_model, fit_binned_prior
+from dspark_obs.estimators.ceiling_evidence import align_requests, padded_lists, token_index
+from dspark_obs.estimators.ceiling_fit import CeilingFit
+from dspark_obs.estimators.ceiling_prior import fit_acceptance_model, fit_binned_prior
 from dspark_obs.estimators.ceiling_partial import (RunPartial, RunTotals, StagedCeiling, rid_positions,
                                                    workload_labels)
 from dspark_obs.store import validate_run_id
@@ -32,7 +33,6 @@ from dspark_obs.store import validate_run_id
 __all__ = ["run_estimate", "plan_estimate", "estimate_chunks", "finish_estimate", "RunPlan", "RESULT_TABLES"]
 
 RESULT_TABLES = ("ceiling", "ceiling_summary", "ceiling_validation")
-_MISALIGNED_SHARE = 0.2
 
 _PLAN_SQL = """
 SELECT rid, count(*) AS n FROM step_reqs WHERE run_id = $run GROUP BY rid ORDER BY rid NULLS LAST
@@ -204,20 +204,14 @@ def _aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, cor
                         top_ids=padded_lists(tokens.column("top_ids"), fill=-1, dtype=np.int64),
                         top_logprobs=padded_lists(tokens.column("top_logprobs"), fill=np.nan, dtype=np.float64))
     del tokens
-    evidence = draft_evidence(index, code, first_pos, drafts)
-    aligned = check_alignment(evidence, drafts, correct, _np(steps, "bonus_token", np.int64, -1))
-    bad = np.bincount(slot[aligned < 0], minlength=n_req + 1)
-    checked = np.bincount(slot[aligned != 0], minlength=n_req + 1)
-    misaligned = (checked > 0) & (bad > _MISALIGNED_SHARE * checked)
-    misaligned[-1] = False
-    if misaligned.any():
-        evidence = draft_evidence(index, np.where(misaligned[slot], -1, code), first_pos, drafts)
-    complete = np.bincount(tcode, minlength=n_req + 1)[slot] == _np(steps, "completion_tokens", np.int64, -1)
+    completion = _np(steps, "completion_tokens", np.int64, -1)
     stop = pc.fill_null(pc.equal(steps.column("finish_reason"), "stop"), False).to_numpy(zero_copy_only=False)
-    bad_codes = np.flatnonzero(misaligned[:-1])
+    al = align_requests(index, code, n_req, first_pos, drafts, correct, _np(steps, "bonus_token", np.int64, -1),
+                        token_counts=np.bincount(tcode, minlength=n_req + 1)[slot], completion=completion, stop=stop)
+    bad_codes = np.flatnonzero(al.misaligned[:-1])
     names = np.asarray(rids.to_pylist(), dtype=object)[bad_codes]
-    return _Aligned(evidence, [str(r) for r in names], stop & complete & ~misaligned[slot], code, rids, bad_codes,
-                    n_req, int(bad.sum()), int(checked.sum()))
+    return _Aligned(al.evidence, [str(r) for r in names], al.natural_end, code, rids, bad_codes, n_req,
+                    al.bad_steps, al.checked_steps)
 
 
 def _sglang_arrays(steps: pa.Table, logprobs: pa.Table | None, gamma: int):
@@ -337,22 +331,21 @@ def _inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None, *, inferred
     return _Inputs(steps, drafts, conf, window, correct, greedy, aligned, temp, kind, source), mode, gamma
 
 
-@dataclass(frozen=True)
-class _Models:
-    """What the run's verified drafts taught, fitted once and used on every chunk."""
-
-    acceptance: AcceptanceModel
-    drafter: DrafterMap
-    use_drafter: bool
-    binned: BinnedPrior | None
-
-
-def _fit(x: _Inputs) -> _Models:
+def _fit(x: _Inputs, run_id: str, gamma: int) -> CeilingFit:
+    """What the run's verified drafts teach, fitted once and used on every chunk."""
     ev = x.aligned.evidence
     model = fit_acceptance_model(x.conf, x.window, x.correct, x.greedy, p_topk=ev.p_topk, topk_state=ev.topk_state)
     drafter = fit_drafter_map(x.conf, ev.p_draft, ev.topk_state, x.window, x.correct, ~x.greedy)
     use = drafter_explains_better(drafter, model, x.conf, ev.p_draft, ev, x.window, x.correct, ~x.greedy)
-    return _Models(model, drafter, use, fit_binned_prior(x.conf, x.window, x.correct, ~x.greedy))
+    return CeilingFit(model, drafter, use, fit_binned_prior(x.conf, x.window, x.correct, ~x.greedy),
+                      {"run_id": run_id, "gamma": gamma})
+
+
+def _check_fit(fit: CeilingFit, run_id: str, gamma: int) -> CeilingFit:
+    if fit.gamma != gamma:
+        raise ValueError(f"the ceiling fit is for gamma={fit.gamma} (run {fit.meta.get('run_id')!r}), run "
+                         f"{run_id!r} has gamma={gamma}: fit one on a run of this deployment")
+    return fit
 
 
 @dataclass
@@ -371,12 +364,15 @@ class RunPlan:
     inferred: _Inferred
     sglang_logprobs: pa.Table | None
     temperature: float | None
-    model: _Models | None = None   # None: fitted on the only chunk, as one pass would
+    model: CeilingFit | None = None   # None: fitted on the only chunk, as one pass would
 
 
 def plan_estimate(con, run_id: str, root, *, companion, method, sglang_logprobs, chunk_rows: int, fit_rows: int,
-                  temperature: float | None, alpha: float, fit: bool = False) -> RunPlan:
-    """Plan the run's chunks and fit the models on the sample (unless the run is one chunk and not ``fit``)."""
+                  temperature: float | None, alpha: float, fit: bool = False,
+                  given: CeilingFit | None = None) -> RunPlan:
+    """Plan the run's chunks and fit the models on the sample (unless the run is one chunk and not ``fit``).
+
+    ``given`` (a fit of an earlier run of the same deployment) is used instead of fitting."""
     validate_run_id(run_id)
     rids, counts = _plan(con, run_id, root)
     chunks = plan_chunks(rids, counts, chunk_rows=chunk_rows)
@@ -387,9 +383,11 @@ def plan_estimate(con, run_id: str, root, *, companion, method, sglang_logprobs,
         companion = pairing.companion_of(con, run_id)
     plan = RunPlan(run_id, rids, counts, chunks, sample, mode, gamma, companion, method,
                    _infer_sampling(con, run_id, alpha), sglang_logprobs, temperature)
-    if fit or not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk
+    if given is not None:
+        plan.model = _check_fit(given, run_id, gamma)
+    elif fit or not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk
         fit_inputs, _, _ = _inputs(con, run_id, root, sample, gamma, inferred=plan.inferred, temperature=temperature)
-        plan.model = _fit(fit_inputs)
+        plan.model = _fit(fit_inputs, run_id, gamma)
     return plan
 
 
@@ -402,8 +400,8 @@ def estimate_chunks(con, plan: RunPlan, chunks: list, root, *, n_bootstrap: int,
     for chunk in chunks:
         x, mode, gamma = _inputs(con, plan.run_id, root, chunk, plan.gamma, inferred=plan.inferred,
                                  temperature=plan.temperature)
-        if model is None:
-            model = _fit(x)
+        if model is None:  # kept on the plan: the result carries the fit it used (estimate --fit-out)
+            model = plan.model = _fit(x, plan.run_id, gamma)
         part = _estimate_chunk(con, plan.run_id, x, chunk, mode=mode, gamma=gamma, method=plan.method, model=model,
                                companion=plan.companion, sglang_logprobs=plan.sglang_logprobs)
         acc.add(x, part)
@@ -433,18 +431,19 @@ def result_of(plan: RunPlan, partial: RunPartial, summary, validation, companion
                       validation=validation, truth_source=partial.source, companion=companion,
                       steps_with_truth=(partial.all_sums or {}).get("n", 0),
                       misaligned_requests=partial.misaligned_rids(), num_rows=int(plan.counts.sum()), table=table,
-                      sampling_counts=dict(sorted(partial.sampling.items())), store=store)
+                      sampling_counts=dict(sorted(partial.sampling.items())), store=store, fit=plan.model)
 
 
 def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprobs, n_bootstrap: int,
                  seed: int, write: bool, chunk_rows: int = DEFAULT_CHUNK_ROWS, fit_rows: int = DEFAULT_FIT_ROWS,
                  progress: Callable[[int, int], None] | None = None, temperature: float | None = None,
-                 alpha: float = sampling.DEFAULT_ALPHA, engine=None) -> CeilingRun:
-    """The estimate of one run, locally or (``engine``, a :class:`dspark_obs.ray_engine.RayEngine`) on Ray."""
+                 alpha: float = sampling.DEFAULT_ALPHA, engine=None, fit: CeilingFit | None = None) -> CeilingRun:
+    """The estimate of one run, locally or (``engine``, a :class:`dspark_obs.ray_engine.RayEngine`) on Ray;
+    with ``fit`` (from an earlier run of the same deployment) instead of fitting on this run."""
     con, store = _open(con_or_store)
     plan = plan_estimate(con, run_id, store.root, companion=companion, method=method, sglang_logprobs=sglang_logprobs,
                          chunk_rows=chunk_rows, fit_rows=fit_rows, temperature=temperature, alpha=alpha,
-                         fit=engine is not None)
+                         fit=engine is not None, given=fit)
     if engine is not None:
         from dspark_obs.estimators import ceiling_ray
 
@@ -494,7 +493,7 @@ class _ChunkResult:
 
 
 def _estimate_chunk(con, run_id: str, x: _Inputs, chunk: Chunk, *, mode: str, gamma: int, method: str,
-                    model: _Models, companion: str | None, sglang_logprobs) -> _ChunkResult:
+                    model: CeilingFit, companion: str | None, sglang_logprobs) -> _ChunkResult:
     q_draft, p_draft = _sglang_arrays(x.steps, sglang_logprobs, gamma)
     est = estimate_ceiling(x.drafts, x.window, x.correct, x.aligned.evidence, greedy=x.greedy,
                            natural_end=x.aligned.natural_end, confidence=x.conf, q_draft=q_draft, p_draft=p_draft,

@@ -89,6 +89,8 @@ METRICS: dict[str, MetricInfo] = {m.name: m for m in (
                "(num_verify_tokens - sum verify_len) / num_verify_tokens over compact steps"),
     MetricInfo("costtable_mape_drift", "health", "cost-table drift", "fraction", "lower", "",
                "MAPE of predicted_step_ms vs step_gpu_ms, second half of the run's steps minus the first"),
+    MetricInfo("observation_share", "health", "observation overhead", "fraction", "lower", "",
+               "share of the collector's wall time the server spent answering its /server_info polls and clears"),
     MetricInfo("sts_predicted_gain", "sts", "STS refit gain", "fraction", "lower", "",
                "tokens/s an STS refit would add, from schedule replay (interval from the ceiling's [lo, hi])"),
 )}

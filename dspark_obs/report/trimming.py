@@ -4,9 +4,9 @@ Per run, the pooled row of ``health_figures`` (and, for the trim figures,
 each workload's): trimming active (the budget-trimmed share, compact runs
 only: static and cap-accept verify whole blocks by design), trim ratio,
 trim regret, tokens lost to trimming (with the ceiling's [lo, hi]), the
-acceptance-denominator gap, expected vs actual acceptance, padding and the
-cost table's drift.  The limits are ``[metrics.NAME]`` in thresholds.toml,
-which ``dspark-obs doctor`` reads too.
+acceptance-denominator gap, expected vs actual acceptance, padding, the
+cost table's drift and the observation's own cost to the server.  The limits
+are ``[metrics.NAME]`` in thresholds.toml, which ``dspark-obs doctor`` reads too.
 """
 
 from __future__ import annotations
@@ -61,6 +61,11 @@ def _run_figures(run: RunInfo, rows: list[dict]) -> list[Figure]:
     out.append(Figure("costtable_mape_drift", run.run_id, _value(pooled, "costtable_mape_drift"),
                       n=int(pooled["fit_steps"] or 0) if not health.is_missing(pooled["fit_steps"]) else 0,
                       detail={"mape": _value(pooled, "costtable_mape")}))
+    requests = pooled.get("observation_requests")
+    out.append(Figure("observation_share", run.run_id, _value(pooled, "observation_share"),
+                      n=0 if health.is_missing(requests) else int(requests),
+                      detail={"poll_ms": _value(pooled, "poll_ms"),
+                              "poll_step_ratio": _value(pooled, "poll_step_ratio")}))
     return out
 
 

@@ -24,7 +24,15 @@
 -- padding_share; dp_tier_tokens = verify_tokens_dp_synced -
 -- verify_tokens_local (null when the server reports neither); cost-table fit
 -- of predicted_step_ms against step_gpu_ms over fit_steps: costtable_mape,
--- and its drift (second half of the run's steps minus the first).
+-- and its drift (second half of the run's steps minus the first);
+-- timed_steps with step_cpu_ms and their mean step_cpu_ms (the step loop's
+-- period).  Observation overhead (pooled rows only; from the runs row the
+-- collector closes, null while it runs): observation_requests (polls and
+-- clears it sent and timed), observation_server_s (the server's time
+-- answering them), collect_s, observation_share = observation_server_s /
+-- collect_s (share of wall time the server spent answering the sidecar),
+-- poll_ms (mean per request) and poll_step_ratio = poll_ms / step_cpu_ms
+-- (one poll's time in steps).
 -- Filters as the dashboard's: run, workload, DP rank, request submission
 -- time (the time filter applies to request-steps only).  dp_rank and
 -- workload are '*' on pooled rows.
@@ -43,14 +51,18 @@
 --   survival_steps, expected_accepted, survival_accepted, ceiling_steps,
 --   tokens_lost, tokens_lost_lo, tokens_lost_hi, decode_steps, graph_tokens,
 --   padded_tokens, padding_share, dp_tier_tokens, fit_steps, costtable_mape,
---   costtable_mape_first_half, costtable_mape_second_half, costtable_mape_drift
+--   costtable_mape_first_half, costtable_mape_second_half, costtable_mape_drift,
+--   timed_steps, step_cpu_ms, observation_requests, observation_server_s,
+--   collect_s, observation_share, poll_ms, poll_step_ratio
 WITH rq AS (
     SELECT run_id, rid, coalesce(any_value(workload), 'unknown') AS workload, any_value(submitted_at) AS submitted_at
     FROM requests
     WHERE $runs IS NULL OR list_contains($runs, run_id)
     GROUP BY run_id, rid
 ),
-g AS (SELECT run_id, any_value(gamma) AS gamma FROM runs GROUP BY run_id),
+g AS (SELECT run_id, any_value(gamma) AS gamma, any_value(observation_requests) AS observation_requests,
+             any_value(observation_server_s) AS observation_server_s, any_value(collect_s) AS collect_s
+      FROM runs GROUP BY run_id),
 ce AS (
     SELECT run_id, dp_rank, segment, forward_ct, rid, any_value(lo) AS lo, any_value(mid) AS mid, any_value(hi) AS hi
     FROM ceiling
@@ -108,7 +120,7 @@ vs AS (
 ),
 st AS (
     SELECT t.run_id, t.dp_rank, t.mode, t.num_verify_tokens, t.verify_tokens_local, t.verify_tokens_dp_synced,
-           vs.sum_verify,
+           vs.sum_verify, t.step_cpu_ms,
            CASE WHEN t.predicted_step_ms IS NOT NULL AND t.step_gpu_ms > 0
                 THEN abs(t.predicted_step_ms - t.step_gpu_ms) / t.step_gpu_ms END AS ape,
            row_number() OVER (PARTITION BY t.run_id ORDER BY t.segment, t.forward_ct, t.dp_rank) AS ord,
@@ -133,7 +145,8 @@ stg AS (
            count(ape) AS fit_steps,
            avg(ape) AS costtable_mape,
            avg(ape) FILTER (WHERE 2 * ord <= n_steps) AS costtable_mape_first_half,
-           avg(ape) FILTER (WHERE 2 * ord > n_steps) AS costtable_mape_second_half
+           avg(ape) FILTER (WHERE 2 * ord > n_steps) AS costtable_mape_second_half,
+           count(step_cpu_ms) AS timed_steps, avg(step_cpu_ms) AS step_cpu_ms
     FROM st
     GROUP BY GROUPING SETS ((run_id), (run_id, dp_rank))
 )
@@ -157,7 +170,14 @@ SELECT per.run_id, per.dp_rank, per.workload, per.gamma,
        stg.padded_tokens / nullif(stg.graph_tokens, 0) AS padding_share,
        stg.dp_tier_tokens, stg.fit_steps, stg.costtable_mape,
        stg.costtable_mape_first_half, stg.costtable_mape_second_half,
-       stg.costtable_mape_second_half - stg.costtable_mape_first_half AS costtable_mape_drift
+       stg.costtable_mape_second_half - stg.costtable_mape_first_half AS costtable_mape_drift,
+       stg.timed_steps, stg.step_cpu_ms,
+       ob.observation_requests, ob.observation_server_s, ob.collect_s,
+       ob.observation_server_s / nullif(ob.collect_s, 0) AS observation_share,
+       1000 * ob.observation_server_s / nullif(ob.observation_requests, 0) AS poll_ms,
+       1000 * ob.observation_server_s / nullif(ob.observation_requests, 0) / nullif(stg.step_cpu_ms, 0)
+           AS poll_step_ratio
 FROM per
 LEFT JOIN stg ON stg.run_id = per.run_id AND stg.dp_rank = per.dp_rank AND stg.workload = per.workload
+LEFT JOIN g AS ob ON ob.run_id = per.run_id AND per.dp_rank = '*' AND per.workload = '*'
 ORDER BY per.run_id, per.dp_rank = '*' DESC, per.dp_rank, per.workload = '*' DESC, per.workload;

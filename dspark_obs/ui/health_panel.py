@@ -47,7 +47,7 @@ def render(ds, f, *, max_runs: int = 4) -> None:
             inactive = any(x.code == "trimming_inactive" for x in found)
             st.markdown(f"**{run}** · " + ("trimming inactive" if inactive else "trimming active"
                                            if any(x.code == "trimming_active" for x in found) else "not judged"))
-            c = st.columns(4)
+            c = st.columns(5)
             c[0].metric("budget-trimmed", f"{row['budget_trimmed_share']:.1%}",
                         help="request-steps the planner's budget trimmed; 0 = trimming inactive")
             c[1].metric("trim ratio", f"{row['trim_ratio']:.3f}", help="verified slots / no-trim slots")
@@ -57,6 +57,12 @@ def render(ds, f, *, max_runs: int = 4) -> None:
                         delta=None if pd.isna(row["spec_accept_rate"]) else
                         f"SGLang's rate {row['spec_accept_rate']:.3f}", delta_color="off", delta_arrow="off",
                         help="accepted / drafts verified; SGLang's spec_accept_rate divides by the full block")
+            share = row.get("observation_share")
+            c[4].metric("observation cost", "-" if pd.isna(share) else f"{share:.2%}",
+                        delta=None if pd.isna(row.get("poll_ms")) else f"{row['poll_ms']:.1f} ms per poll",
+                        delta_color="off", delta_arrow="off",
+                        help="share of wall time the server spent answering the collector's polls and clears "
+                             "(its own cost to the server; known once the run is closed)")
             for x in (x for x in found if x.severity in ("fail", "warn")):
                 st.warning(f"**{x.severity.upper()}: {x.what}**: {x.evidence}" + (f"  \nFix: {x.fix}" if x.fix else ""),
                            icon=_ICON[x.severity])

@@ -1,18 +1,20 @@
 """A real Prometheus scrapes the sidecar during emulator runs: every panel and alert rule returns data.
 
-Three emulators: ``bare`` (compact, no cost table: ``--sps-table none``),
+Four emulators: ``bare`` (compact, no cost table: ``--sps-table none``),
 ``eager`` (compact, the built-in table, an under-confident head: it trims
-windows that would have been accepted, so its trim regret is high) and
-``capped`` (cap-accept, for SGLang's block-accept gauge).  The first two are
-collected with a sidecar each while Prometheus scrapes the sidecars and the
-servers every second with ``examples/prometheus-alerts.yml`` loaded.  Then
-every PromQL target of ``examples/grafana-dashboard.json`` and every alert
-rule's expression is evaluated by that Prometheus and must return data; the
-health targets, with ``rate(X[w])`` replaced by ``X`` (the whole run), must
-equal the figures computed from the store; and the alerts that should be
-pending are.
+windows that would have been accepted, so its trim regret is high),
+``sampled`` (compact, the built-in table, temperature 0.8; its sidecar has
+the ceiling fit of an earlier run on the same server, as ``collect
+--ceiling-fit`` would) and ``capped`` (cap-accept, for SGLang's block-accept
+gauge).  The first three are collected with a sidecar each while Prometheus
+scrapes the sidecars and the servers every second with
+``examples/prometheus-alerts.yml`` loaded.  Then every PromQL target of
+``examples/grafana-dashboard.json`` and every alert rule's expression is
+evaluated by that Prometheus and must return data; the health targets, with
+``rate(X[w])`` replaced by ``X`` (the whole run), must equal the figures
+computed from the store (the sampled live ceiling: ``estimate`` with the same
+fit); and the alerts that should be pending are.
 """
-
 from __future__ import annotations
 
 import asyncio
@@ -33,13 +35,16 @@ from collectors.sglang.metrics import SidecarMetrics
 from collectors.sglang.session import CollectOptions, Collector
 from dspark_obs import health, sql
 from dspark_obs.emulator.engine import EngineConfig
+from dspark_obs.estimators.ceiling import estimate_run
+from dspark_obs.estimators.ceiling_fit import CeilingFit
 from dspark_obs.emulator.server import BackgroundServer
 from dspark_obs.store import Store
 from tests.prometheus.conftest import ROOT, Prometheus
 
 DASHBOARD = ROOT / "examples" / "grafana-dashboard.json"
 ALERTS = ROOT / "examples" / "prometheus-alerts.yml"
-RUNS = {"bare": {"sps_table": None}, "eager": {"head_bias": (-2.0,)}}
+RUNS = {"bare": {"sps_table": None}, "eager": {"head_bias": (-2.0,)}, "sampled": {}}
+TEMPERATURE = {"sampled": 0.8}  # its sidecar gets the ceiling fit of an earlier run on the same server
 
 
 @dataclass
@@ -48,12 +53,22 @@ class World:
     root: Path
     instance: dict[str, str]  # run -> the sidecar's host:port (Prometheus' instance label)
     metrics: dict[str, SidecarMetrics]
+    fit: CeilingFit
 
 
-def _drive(server: BackgroundServer, store: Store, run: str, metrics: SidecarMetrics) -> None:
+def _drive(server: BackgroundServer, store: Store, run: str, metrics: SidecarMetrics | None, *,
+           requests: int = 48, seed: int = 0) -> None:
     opts = CollectOptions(url=server.url, run_id=run, poll_interval=0.1, flush_interval=0.5, drive=DriveSpec(
-        ["gsm8k", "arena-hard", "poetry"], 48, concurrency=8, max_new_tokens=96))
+        ["gsm8k", "arena-hard", "poetry"], requests, concurrency=8, max_new_tokens=96,
+        temperature=TEMPERATURE.get(run.removesuffix("-earlier"), 0.0), seed=seed))
     asyncio.run(Collector(store, opts, metrics=metrics).run())
+
+
+def _earlier_fit(server: BackgroundServer, store: Store, work: Path) -> CeilingFit:
+    """``estimate --fit-out`` of an earlier sampled run of the same deployment, read back from its file."""
+    _drive(server, store, "sampled-earlier", None, requests=16, seed=1)
+    estimate_run(store, "sampled-earlier", n_bootstrap=0).fit.save(work / "fit.json")
+    return CeilingFit.load(work / "fit.json")
 
 
 @pytest.fixture(scope="module")
@@ -62,12 +77,13 @@ def world(tmp_path_factory):
     servers = {run: BackgroundServer(EngineConfig(mode="compact", seed=7, dp_size=2, real_time=1.0, **cfg)).start()
                for run, cfg in RUNS.items()}
     capped = BackgroundServer(EngineConfig(mode="cap-accept", seed=7)).start()
-    metrics = {run: SidecarMetrics() for run in RUNS}
+    store = Store(work / "data")
+    fit = _earlier_fit(servers["sampled"], store, work)
+    metrics = {run: SidecarMetrics(ceiling_fit=fit if run in TEMPERATURE else None) for run in RUNS}
     instance = {run: f"127.0.0.1:{m.serve(0)}" for run, m in metrics.items()}
     prom = Prometheus(work, sidecars=list(instance.values()),
                       servers=[s.url.removeprefix("http://") for s in [*servers.values(), capped]], rules=ALERTS)
     try:
-        store = Store(work / "data")
         threads = [threading.Thread(target=_drive, args=(servers[run], store, run, metrics[run])) for run in RUNS]
         for t in threads:
             t.start()
@@ -77,7 +93,7 @@ def world(tmp_path_factory):
         for t in threads:
             t.join()
         _wait_for_final_scrape(prom, instance, metrics)
-        yield World(prom, work / "data", instance, metrics)
+        yield World(prom, work / "data", instance, metrics, fit)
     finally:
         prom.stop()
         for m in metrics.values():
@@ -135,6 +151,8 @@ def _store_value(frame, pos, legend: str):
         "expected (sum of survival over the window)": r["expected_accepted"] / r["survival_steps"],
         "actual": r["survival_accepted"] / r["survival_steps"], "graph-tier padding share": r["padding_share"],
         "DP ranks rounding up to the largest tier": 0.0,  # the emulator reports no DP tiers
+        "server time answering the sidecar (share of wall time)": r["observation_share"],
+        "one poll, in mean steps": r["poll_step_ratio"],
         "MAPE (5m)": r["costtable_mape"], "MAPE (1h): drift shows as the 5m line leaving it": r["costtable_mape"],
     }
     if legend in table:
@@ -168,11 +186,11 @@ def test_health_panels_agree_with_the_store(world, run):
             assert (math.isnan(got) and (want is None or math.isnan(want))) or got == pytest.approx(
                 float(want), rel=1e-6, abs=1e-9), (title, legend, got, want)
         checked += 1
-    assert checked >= 15
+    assert checked >= 17
     # and the panels as written (rate over their windows) show the run's figures too
     share = world.prom.query(_for_instance(_targets()[[t[1] for t in _targets()].index("budget-trimmed share")][2],
                                            world.instance[run]))
-    assert (float(share[0]["value"][1]) >= 0.05) == (run == "eager")
+    assert (float(share[0]["value"][1]) >= 0.05) == (run != "bare")
 
 
 def _rules() -> list[dict]:
@@ -197,3 +215,18 @@ def test_gauges_say_trimming_inactive_without_a_table(world):
         for name in ("trimming_active", "cost_table_loaded"):
             got = world.prom.query(f'dspark_obs:{name}{{instance="{inst}"}}')
             assert float(got[0]["value"][1]) == want, (run, name)
+
+
+def test_live_ceiling_of_sampled_requests_agrees_with_the_offline_estimate(world):
+    """The sampled panel's counters, as Prometheus holds them, equal ``estimate --fit-in`` on the run."""
+    inst = world.instance["sampled"]
+    rows = estimate_run(Store(world.root), "sampled", n_bootstrap=0, fit=world.fit, write=False).ceiling.to_pandas()
+    censored = rows[rows["censored"]]
+    got = world.prom.query(f'dspark_obs:ceiling_sampled_request_steps_total{{instance="{inst}"}}')
+    assert float(got[0]["value"][1]) == len(censored) > 0
+    for key in ("lo", "mid", "hi"):
+        got = world.prom.query(f'dspark_obs:tokens_lost_sampled_{key}_total{{instance="{inst}"}}')
+        want = float((censored[key] - censored["correct_drafts"]).sum())
+        assert float(got[0]["value"][1]) == pytest.approx(want, rel=1e-9), key
+    panel = [t for t in _targets() if t[1] == "sampled: tokens lost per accepted draft (mid)"][0][2]
+    assert float(world.prom.query(_for_instance(panel, inst))[0]["value"][1]) > 0

@@ -15,7 +15,7 @@ from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import ceiling
 from dspark_obs.objstore import ObjectStore
 from dspark_obs.store import Store
-from tests.ray.conftest import assert_rows_match, upload
+from tests.ray_tier.conftest import assert_rows_match, upload
 
 STEP_KEYS = ["rid", "dp_rank", "forward_ct"]
 INPUTS = ("runs", "steps", "step_reqs", "requests", "tokens")   # what a sidecar writes; the rest is computed

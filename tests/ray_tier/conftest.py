@@ -2,7 +2,7 @@
 
 Runs with the ``[ray]`` extra installed (``make test-ray``)::
 
-    python -m pytest tests/ray -p no:cacheprovider -o python_files='ray_*.py'
+    python -m pytest tests/ray_tier -p no:cacheprovider -o python_files='ray_*.py'
 
 The test files are named ``ray_*.py`` so the main run never collects them; this
 conftest is imported there too and must stay harmless without Ray.  Session
@@ -26,7 +26,7 @@ GENERATED_ROWS = 200_000
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        if "tests/ray" in str(item.fspath).replace("\\", "/"):
+        if "tests/ray_tier" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.ray)
 
 
