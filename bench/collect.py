@@ -11,7 +11,9 @@ The emulator's step-loop rate is read from its own counter
 (``sglang:spec_verify_calls_total`` on ``/metrics``: request-steps) over
 fixed windows: windows without the collector before it starts and after it
 stops, windows with it polling in between; the slowdown is
-``1 - median(with) / median(without)``.  The collector never clears (``clear_at
+``1 - median(with) / median(without)``.  Beside it, ``collect.observation_share``
+is the live figure the collector stores per run (its polls' round trips over
+its wall time: what ``doctor`` and the sidecar report without a baseline).  The collector never clears (``clear_at
 0``: every clear loses the server's pending step); the emulator's record deque
 (``--max-records 48``) holds three poll intervals at the measured step rate, so
 nothing wraps between polls, every record is read, and the server encodes each
@@ -159,7 +161,8 @@ def collector(url: str, out: str, duration: float, poll_interval: float, clear_a
     return {"steps": summary.steps, "step_reqs": summary.step_reqs, "gaps": summary.gaps,
             "lost_forward_cts": summary.lost_forward_cts, "dead_letters": summary.dead_letters,
             "rows_dropped": summary.rows_dropped, "polls": summary.polls, "poll_errors": summary.poll_errors,
-            "clears": summary.clears,
+            "clears": summary.clears, "observation_server_s": summary.observation_server_s,
+            "observation_requests": summary.observation_requests,
             "elapsed_s": summary.elapsed_s, "cpu_s": cpu, "rss_mb": samples, "end_reason": summary.end_reason}
 
 
@@ -272,6 +275,10 @@ def run_emulator(*, quick: bool, workdir: str, tiny: bool = False) -> dict:
         "collect.rows": c["step_reqs"], "collect.steps": c["steps"], "collect.polls": c["polls"],
         "collect.rows_per_s": round(c["step_reqs"] / c["elapsed_s"]) if c["elapsed_s"] else None,
         "collect.collector_cpu_share": round(c["cpu_s"] / c["elapsed_s"], 3) if c["elapsed_s"] else None,
+        # the live figure (runs.observation_server_s / collect_s): an upper bound beside step_loop_slowdown
+        "collect.observation_share": round(c["observation_server_s"] / c["elapsed_s"], 4) if c["elapsed_s"] else None,
+        "collect.poll_round_trip_ms": round(1000 * c["observation_server_s"] / c["observation_requests"], 1)
+        if c["observation_requests"] else None,
         "collect.peak_mb": c["peak_rss_mb"],
         "collect.rss_first_half_max_mb": round(max(rss[: len(rss) // 2]), 1) if len(rss) > 1 else None,
         "collect.rss_second_half_max_mb": round(max(rss[len(rss) // 2:]), 1) if len(rss) > 1 else None,

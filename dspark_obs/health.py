@@ -394,7 +394,11 @@ def _steps(row: Mapping[str, Any], lim: Limits) -> list[Finding]:
 
 
 def _observation(row: Mapping[str, Any], lim: Limits) -> list[Finding]:
-    """The collector's own cost to the server: its share of wall time answering polls and clears."""
+    """The collector's own cost to the server: its share of wall time answering polls and clears.
+
+    Timed from outside (each request's round trip), so it bounds the step-loop
+    time the polls took from above: a busy server's queueing is in it too.
+    """
     share = row.get("observation_share")
     if share is None:
         return []
@@ -406,9 +410,11 @@ def _observation(row: Mapping[str, Any], lim: Limits) -> list[Finding]:
                f"step ({float(row['step_cpu_ms']):.1f} ms)")
     figs = {k: row.get(k) for k in ("observation_share", "poll_ms", "poll_step_ratio")}
     if share > lim.max_observation_share:
-        return [Finding("warn", "observation_overhead", "observing the server slows its step loop", ev,
-                        "poll less often (`collect --poll-interval` longer: every poll re-encodes the whole record "
-                        "deque) or record fewer components (SGLANG_DSPARK_DEBUG_DUMP=core,reqs is what the "
+        return [Finding("warn", "observation_overhead", "observing the server may slow its step loop: its "
+                        "polls take more than the limit's share of wall time", ev,
+                        "poll less often or clear sooner (`collect --poll-interval` longer, `--clear-at` lower: every "
+                        "poll re-encodes the records held since the last clear, about clear_at / 2 per poll "
+                        "interval) or record fewer components (SGLANG_DSPARK_DEBUG_DUMP=core,reqs is what the "
                         "health figures need)", figs)]
     return [Finding("ok", "observation_overhead", "observation overhead within its limit", ev, "", figs)]
 

@@ -6,8 +6,8 @@ health figure — request-steps, trimmed and budget-trimmed ones, censored ones,
 verified and no-trim tokens, accepted / verified / proposed drafts, the
 survival-predicted accepted drafts, padding and DP-tier tokens, the cost
 table's summed relative error, the step loop's summed step_cpu_ms — per DP
-rank, so any window's figure is a ratio of two ``rate()`` s (the Grafana row and the alert rules in
-``examples/`` are written that way).  Per position, ``position_*`` counters
+rank, so any window's figure is a ratio of two ``rate()`` s (the Grafana row
+and the alert rules in ``examples/`` are written that way).  Per position, ``position_*`` counters
 give survival-predicted against observed acceptance.  ``observation_*`` count
 the observation's own cost: the seconds the server spent answering the
 sidecar's polls and clears (the collector times each), so their ``rate()`` is
@@ -72,8 +72,8 @@ RANK_COUNTERS = (
 _FROM_MEANS = {"costtable_abs_pct_error": ("costtable_mape", "fit_steps", 1.0),
                "step_cpu_seconds": ("step_cpu_ms", "timed_steps", 1e-3)}
 OBSERVATION_COUNTERS = (
-    ("observation_server_seconds", "server_s", "Seconds the server spent answering the sidecar's /server_info polls "
-     "and clears (rate() = share of wall time: the observation's own cost)"),
+    ("observation_server_seconds", "server_s", "Seconds the server took to answer the sidecar's /server_info polls "
+     "and clears, timed by the sidecar (rate() = share of wall time: an upper bound on the observation's cost)"),
     ("observation_requests", "requests", "Polls and clears the sidecar sent and timed"),
     ("observation_collect_seconds", "collect_s", "Seconds the sidecar has been collecting (the share's "
      "denominator over a whole run)"),

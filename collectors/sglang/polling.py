@@ -76,7 +76,8 @@ class PollingMixin:
         """The GET, given up (None) when a stop arrives first: nothing was consumed yet."""
         t0 = time.monotonic()
         get = asyncio.ensure_future(client.get("/server_info", timeout=timeout))
-        get.add_done_callback(lambda f: f.cancelled() or f.exception() or self._served(time.monotonic() - t0))
+        get.add_done_callback(lambda done: self._served(time.monotonic() - t0)
+                              if not done.cancelled() and done.exception() is None else None)
         if not abandon_on_stop:
             return await get
         stopped = asyncio.ensure_future(self._stop.wait())
