@@ -212,7 +212,7 @@ def test_observation_overhead_by_hand(tmp_path):
     assert ok.severity == "ok" and "0.50 s of the collector's 20.0 s" in ok.evidence and "40 polls" in ok.evidence
     warn = {f.code: f for f in health.diagnose(health.run_row(frame), limits=health.Limits(
         max_observation_share=0.02))}["observation_overhead"]
-    assert warn.severity == "warn" and "--poll-interval" in warn.fix and "SGLANG_DSPARK_DEBUG_DUMP" in warn.fix
+    assert warn.severity == "info" and "--poll-interval" in warn.fix and "SGLANG_DSPARK_DEBUG_DUMP" in warn.fix
     assert "12.5 ms, 0.62 x the mean step (20.0 ms)" in warn.evidence
 
 
@@ -237,4 +237,4 @@ def test_the_report_gates_the_observation_share(tmp_path):
     fig = next(f for f in health_section(sql.connect(s.root), [run]).figures if f.metric == "observation_share")
     assert fig.value == pytest.approx(0.15) and fig.n == 40 and fig.detail["poll_ms"] == pytest.approx(75.0)
     verdict = threshold_verdict(fig, load_thresholds())
-    assert verdict.verdict == "warn" and verdict.limit == 0.05
+    assert verdict.verdict == "none" and verdict.limit == 0.05  # an upper bound: shown, not gated
