@@ -483,6 +483,7 @@ def demo(
     seed: int = typer.Option(0, callback=in_range(0), help="Seed of the emulator and the traffic."),
     model: Optional[str] = typer.Option(None, help="Run the demo on a real model (smollm2-135m; see `emulate --model`) with real prompts."),
     format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP + "; csv/json go to stdout, the rest to stderr"),
+    sweep: bool = typer.Option(False, "--sweep", help="Also sweep concurrency for no-spec, fixed-window, compact and no-trim (dspark-obs sweep; with --quick its CI-sized form), so the dashboard and the report draw Fig. 1 and Fig. 3."),
 ) -> None:
     """Emulate a DSpark server, collect a compact run and its cap-accept companion, summarise, and exit.
 
@@ -507,7 +508,10 @@ def demo(
         except weights.ModelExtraMissing as exc:
             _fail(str(exc))
     try:
-        run_demo(out, quick=quick, seed=seed, serve_dashboard=serve, console=console, model=model, fmt=format)
+        if sweep and model is not None:
+            _fail("--sweep runs on the stochastic emulator; leave out --model")
+        run_demo(out, quick=quick, seed=seed, serve_dashboard=serve, console=console, model=model, fmt=format,
+                 sweep=sweep)
     except Exception as exc:
         _fail(f"demo failed: {exc}", code=1)
 

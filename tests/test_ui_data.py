@@ -175,7 +175,11 @@ def test_ui_throughput_and_request_list(con):
     total = tp[("r1", "*")]
     # 16 tokens over sum(e2e) / concurrency = 4 s / 2: 8 tok/s; per request 8 / 2 = 4 tok/s
     assert (total["throughput_tok_s"], total["per_user_tok_s"], total["method"]) == (8.0, 4.0, "compact")
-    assert pd.isna(tp[("r1", "math")]["throughput_tok_s"])  # Little's law needs the whole load
+    # a workload's share: its 8 tokens over the run's busy time (2 s), never its own extrapolated load
+    assert tp[("r1", "math")]["throughput_tok_s"] == 4.0
+    assert (total["clock"], tp[("r1", "math")]["clock"]) == ("wall", "wall")  # unrecorded clock: wall
+    only_math = {(r["run_id"], r["workload"]): r for r in _rows(con, "ui_throughput", Filters(workloads=("math",)))}
+    assert only_math[("r1", "*")]["throughput_tok_s"] == 4.0  # filtering a workload out lowers the total
     assert [r["rid"] for r in _rows(con, "ui_request_list", rid_like="B", max_rows=10)] == ["b"]
     assert len(_rows(con, "ui_request_list", max_rows=1)) == 1
 

@@ -304,6 +304,9 @@ class _Rank:
             if cfg.force_budget_frac is not None:
                 decision = forced_budget(decision, bs=bs, gamma=gamma, frac=cfg.force_budget_frac)
             verify_lens = verify_lens_topk(surv, decision.budget, sched)
+            if cfg.force_budget_frac is not None and decision.budget >= bs * gamma:
+                # a forced budget of every slot verifies every block whole (no-trim), drafts under the 1e-6 cut too
+                verify_lens = np.full(bs, gamma + 1, dtype=np.int32)
         # Each request's survival row by rid (the last row wins for a repeated rid).
         self.survival_history.append((dict(zip(rids, range(bs))), surv))
         return verify_lens, decision

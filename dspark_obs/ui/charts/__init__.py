@@ -19,7 +19,8 @@ from dspark_obs.ui.charts.costmodel import (
     table_from_fit,
 )
 from dspark_obs.ui.charts.requests import confidence_heatmap, request_timeline, token_logprobs
-from dspark_obs.ui.charts.throughput import per_user_by_workload, throughput_curves
+from dspark_obs.ui.charts.sweep import sweep_throughput, trim_gap_by_batch, trim_gap_frame
+from dspark_obs.ui.charts.throughput import latency_percentiles, per_user_by_workload, throughput_curves
 from dspark_obs.ui.charts.windows import (
     budget_timeline, utilisation_by_window, utilisation_by_workload, verify_len_distribution, window_by_workload,
     window_summary,
@@ -35,6 +36,7 @@ __all__ = [
     "reliability_diagram", "calibration_metrics", "sts_before_after",
     "table_from_fit", "predict_cells", "curve_frame", "costmodel_raw_vs_fitted", "predicted_vs_measured",
     "residuals_by_batch", "error_by_batch",
-    "throughput_curves", "per_user_by_workload",
+    "throughput_curves", "per_user_by_workload", "latency_percentiles",
+    "sweep_throughput", "trim_gap_frame", "trim_gap_by_batch",
     "request_timeline", "confidence_heatmap", "token_logprobs",
 ]

@@ -19,7 +19,9 @@ import pyarrow as pa
 from dspark_obs.ui.palette import TEMPLATE_NAME
 
 __all__ = ["as_frame", "new_figure", "caption_of", "no_data", "require_columns", "finite", "sorted_workloads",
-           "legend_right", "legend_key", "axis_titles"]
+           "legend_right", "legend_key", "axis_titles", "clock_of", "log2_ticks"]
+
+CLOCK_NAMES = {"wall": "wall clock", "virtual": "virtual clock"}
 
 
 def as_frame(data: Any) -> pd.DataFrame:
@@ -118,3 +120,23 @@ def sorted_workloads(values: Sequence[Any]) -> list[str]:
     """Workloads in display order: '*' first, then alphabetical, 'unknown' last."""
     names = {str(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))}
     return sorted(names, key=lambda w: (w != "*", w == "unknown", w))
+
+
+def clock_of(df: pd.DataFrame, builder: str) -> str:
+    """The one clock a throughput/latency frame is on, as axis text ('virtual clock', 'wall clock').
+
+    A figure never mixes clocks: a frame with both raises (split it by ``clock``
+    first); a frame without the column is on the wall clock.
+    """
+    if "clock" not in df.columns or df.empty:
+        return CLOCK_NAMES["wall"]
+    clocks = sorted({str(c) for c in df["clock"].dropna()}) or ["wall"]
+    if len(clocks) > 1:
+        raise ValueError(f"{builder}: the frame mixes clocks {clocks}; draw one figure per clock")
+    return CLOCK_NAMES.get(clocks[0], f"{clocks[0]} clock")
+
+
+def log2_ticks(values: Iterable[Any]) -> dict[str, Any]:
+    """Axis settings for a log2 integer axis (concurrency, batch): ticks only at the values present."""
+    ticks = sorted({int(v) for v in values if finite(v)})
+    return dict(type="log", tickmode="array", tickvals=ticks, ticktext=[str(t) for t in ticks])
