@@ -67,6 +67,7 @@ CATEGORY_COLORS = {
     "censored_diverged": "#A6BDDB",
     "censored_eos": "#FDAE6B",
     "censored_at_end": "#E6550D",
+    "observed_cap_accept": "#6A51A3",  # cap-accept: the ceiling is observed, nothing censored
 }
 TOKEN_SOURCE_COLORS = {
     "draft": "#9ECAE1",    # an accepted draft

@@ -19,6 +19,7 @@ from dspark_obs.ui.charts.costmodel import (
     table_from_fit,
 )
 from dspark_obs.ui.charts.requests import confidence_heatmap, request_timeline, token_logprobs
+from dspark_obs.ui.charts.compare import compare_deltas
 from dspark_obs.ui.charts.sweep import sweep_throughput, trim_gap_by_batch, trim_gap_frame
 from dspark_obs.ui.charts.throughput import latency_percentiles, per_user_by_workload, throughput_curves
 from dspark_obs.ui.charts.windows import (
@@ -37,6 +38,6 @@ __all__ = [
     "table_from_fit", "predict_cells", "curve_frame", "costmodel_raw_vs_fitted", "predicted_vs_measured",
     "residuals_by_batch", "error_by_batch",
     "throughput_curves", "per_user_by_workload", "latency_percentiles",
-    "sweep_throughput", "trim_gap_frame", "trim_gap_by_batch",
+    "sweep_throughput", "trim_gap_frame", "trim_gap_by_batch", "compare_deltas",
     "request_timeline", "confidence_heatmap", "token_logprobs",
 ]

@@ -19,7 +19,10 @@ import pyarrow as pa
 from dspark_obs.ui.palette import TEMPLATE_NAME
 
 __all__ = ["as_frame", "new_figure", "caption_of", "no_data", "require_columns", "finite", "sorted_workloads",
-           "legend_right", "legend_key", "axis_titles", "clock_of", "log2_ticks"]
+           "legend_right", "legend_key", "axis_titles", "clock_of", "log2_ticks", "draw_limit", "run_colors"]
+
+LIMIT_COLOR = "#C62828"
+_RUN_COLORS = ("#111111", "#E69F00", "#0072B2", "#CC79A7", "#009E73", "#D55E00")
 
 CLOCK_NAMES = {"wall": "wall clock", "virtual": "virtual clock"}
 
@@ -140,3 +143,21 @@ def log2_ticks(values: Iterable[Any]) -> dict[str, Any]:
     """Axis settings for a log2 integer axis (concurrency, batch): ticks only at the values present."""
     ticks = sorted({int(v) for v in values if finite(v)})
     return dict(type="log", tickmode="array", tickvals=ticks, ticktext=[str(t) for t in ticks])
+
+
+def draw_limit(fig: go.Figure, value: float | None, kind: str | None, *, row: int | None = None,
+               col: int | None = None, percent: bool = False) -> None:
+    """The threshold a figure is gated on, as a dashed line labelled 'limit <= 0.05' (or '>=')."""
+    if value is None or not finite(value):
+        return
+    side = {"max": "<=", "min": ">="}.get(str(kind), "")
+    text = f"limit {side} {value:.0%}" if percent else f"limit {side} {value:.3g}"
+    where = {} if row is None else {"row": row, "col": col}
+    fig.add_hline(y=float(value), line=dict(color=LIMIT_COLOR, dash="dash", width=1.5), annotation_text=text,
+                  annotation_position="top right", annotation_font=dict(size=11, color=LIMIT_COLOR), **where)
+
+
+def run_colors(runs: Iterable[Any]) -> dict[str, str]:
+    """A distinct colour per run, in order (two runs never share one)."""
+    names = list(dict.fromkeys(str(r) for r in runs))
+    return {r: _RUN_COLORS[i % len(_RUN_COLORS)] for i, r in enumerate(names)}

@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dspark_obs.ui.charts._base import (
-    as_frame, legend_key, legend_right, new_figure, no_data, require_columns, sorted_workloads,
+    as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, run_colors, sorted_workloads,
 )
 from dspark_obs.ui.palette import category_color, mode_dash, mode_pattern, workload_color
 
@@ -218,10 +218,11 @@ def validation_scatter(data) -> go.Figure:
     return fig
 
 
-def validation_coverage(data) -> go.Figure:
+def validation_coverage(data, *, limit: float | None = None) -> go.Figure:
     """Share of censored steps whose truth lies in the estimate's [lo, hi], per bin of the estimate.
 
     Columns: run_id, group_kind, bin, n, mean_mid, coverage, and optionally emu_coverage.
+    ``limit``: the coverage the report gates on (``estimator_coverage`` min), drawn.
     """
     df = as_frame(data)
     require_columns(df, ["run_id", "group_kind", "bin", "n", "mean_mid", "coverage"], "validation_coverage")
@@ -236,16 +237,18 @@ def validation_coverage(data) -> go.Figure:
     bins = _bins(df)
     if bins.empty:
         return no_data(fig, "No binned validation rows")
+    colors = run_colors(bins["run_id"])
     for run, sub in bins.groupby("run_id", sort=False):
         labels = [f"{int(b)}: {m:.2f}" for b, m in zip(sub["bin"], sub["mean_mid"])]
-        fig.add_bar(x=labels, y=sub["coverage"], name=f"{run}: realised truth", marker_color="#111111",
+        fig.add_bar(x=labels, y=sub["coverage"], name=f"{run}: realised truth", marker_color=colors[str(run)],
                     customdata=sub["n"], hovertemplate="%{y:.1%} of %{customdata} steps<extra></extra>")
         if "emu_coverage" in sub.columns and sub["emu_coverage"].notna().any():
             fig.add_bar(x=labels, y=sub["emu_coverage"], name=f"{run}: emulator expectation",
                         marker_color="#6A51A3", hovertemplate="%{y:.1%}<extra></extra>")
     fig.update_layout(barmode="group")
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05])
-    return fig
+    draw_limit(fig, limit, "min", percent=True)
+    return legend_right(fig)
 
 
 def validation_bias(data) -> go.Figure:
