@@ -19,6 +19,14 @@ def url_values(key: str) -> list[str]:
     return list(st.query_params.get_all(key))
 
 
+def _current(key: str) -> list[str] | None:
+    """The widget's value this session (it outlives a page switch, which drops the URL's parameters)."""
+    value = st.session_state.get(f"url-{key}")
+    if value is None:
+        return None
+    return [str(v) for v in value] if isinstance(value, (list, tuple)) else [str(value)]
+
+
 def _write(key: str, values: list[str], default: list[str]) -> None:
     if values == default:
         if key in st.query_params:
@@ -31,7 +39,7 @@ def selectbox(label: str, options: Sequence[Any], *, key: str, help: str | None 
     """``st.selectbox`` whose choice lives in the URL as ``?key=value`` (default: the first option)."""
     options = list(options)
     names = [str(o) for o in options]
-    wanted = url_values(key)
+    wanted = _current(key) or url_values(key)
     index = names.index(wanted[0]) if wanted and wanted[0] in names else 0
     value = container.selectbox(label, options, index=index, key=f"url-{key}", help=help)
     _write(key, [str(value)] if value is not None else [], names[:1])
@@ -42,8 +50,9 @@ def multiselect(label: str, options: Sequence[Any], *, key: str, help: str | Non
     """``st.multiselect`` whose selection lives in the URL as repeated ``?key=`` (default: every option)."""
     options = list(options)
     names = [str(o) for o in options]
-    wanted = set(url_values(key))
-    default = [o for o, n in zip(options, names) if n in wanted] if wanted & set(names) else options
+    current = _current(key)
+    wanted = set(url_values(key) if current is None else current)
+    default = [o for o, n in zip(options, names) if n in wanted] if wanted & set(names) or current == [] else options
     value = container.multiselect(label, options, default=default, key=f"url-{key}", help=help)
     _write(key, [str(v) for v in value], names)
     return value
@@ -52,7 +61,8 @@ def multiselect(label: str, options: Sequence[Any], *, key: str, help: str | Non
 def toggle(label: str, *, key: str, default: bool = False, help: str | None = None, container=st) -> bool:
     """``st.toggle`` kept in the URL as ``?key=1`` / ``?key=0`` when it differs from ``default``."""
     wanted = url_values(key)
-    start = wanted[0] == "1" if wanted else default
+    start = bool(st.session_state[f"url-{key}"]) if f"url-{key}" in st.session_state else (
+        wanted[0] == "1" if wanted else default)
     value = container.toggle(label, value=start, key=f"url-{key}", help=help)
     _write(key, ["1" if value else "0"], ["1" if default else "0"])
     return value
