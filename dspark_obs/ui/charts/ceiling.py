@@ -74,7 +74,7 @@ def accept_vs_ceiling(data, *, include_all: bool = False) -> go.Figure:
         fig.add_scatter(
             x=list(known.index), y=mid, mode="markers", name=f"{run}: full-block ceiling ({source})",
             showlegend=False,
-            marker=dict(symbol="diamond", size=11, color="#111111", line=dict(color="white", width=1)),
+            marker=_ceiling_marker(source),
             error_y=dict(type="data", array=(hi - mid).clip(lower=0), arrayminus=(mid - lo).clip(lower=0),
                          color="#111111", thickness=1.5, width=6),
             offsetgroup=str(run), legendgroup=str(run),
@@ -84,11 +84,18 @@ def accept_vs_ceiling(data, *, include_all: bool = False) -> go.Figure:
                    pattern_shape=mode_pattern(str(sub["mode"].iloc[0])), line=dict(color="white", width=0.5))
     for source in sorted(sources):
         legend_key(fig, f"full-block ceiling ({source}" + (", [lo, hi])" if source == "estimate" else ")"),
-                   kind="marker", symbol="diamond", size=11, color="#111111")
+                   kind="marker", **_ceiling_marker(source))
     fig.update_layout(barmode="group", scattermode="group", bargap=0.25)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
     fig.update_yaxes(rangemode="tozero")
     return legend_right(fig)
+
+
+def _ceiling_marker(source: str) -> dict:
+    """Exact ceilings (cap-accept, static) filled, estimates open: two sources never share a legend symbol."""
+    if source == "exact":
+        return dict(symbol="diamond", size=11, color="#111111", line=dict(color="white", width=1))
+    return dict(symbol="diamond-open", size=11, color="#111111", line=dict(color="#111111", width=2))
 
 
 def acceptance_by_position(data) -> go.Figure:
