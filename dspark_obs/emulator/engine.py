@@ -20,7 +20,6 @@ block-accept estimator JSONL (``estimator_jsonl.BlockAcceptRecorder``), row for 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import threading
 import time
 from collections import deque
@@ -34,6 +33,7 @@ from dspark_obs.acceptance import expected_given_window
 from dspark_obs.emulator import model
 from dspark_obs.emulator.dumper import ALL_COMPONENTS, InfoDumper
 from dspark_obs.emulator.estimator_jsonl import BlockAcceptRecorder
+from dspark_obs.emulator.methods import check_force_budget_frac, decode_without_speculation, forced_budget
 from dspark_obs.emulator.streams import StreamKey
 from dspark_obs.emulator.workloads import profile_for
 from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
@@ -99,18 +99,6 @@ class EngineConfig:
         if len(self.head_bias) < self.gamma:
             self.head_bias = tuple(self.head_bias) + (self.head_bias[-1],) * (self.gamma - len(self.head_bias))
         check_force_budget_frac(self.force_budget_frac)
-
-
-def check_force_budget_frac(frac: Optional[float]) -> None:
-    """SGLang accepts ``dspark_force_budget_frac`` in (0, 1] or null."""
-    if frac is not None and not 0.0 < frac <= 1.0:
-        raise ValueError(f"force_budget_frac must be in (0, 1] or null, got {frac} "
-                         "(1.0 verifies every block whole through the ragged path)")
-
-
-def forced_budget(decision: Any, *, bs: int, gamma: int, frac: float) -> Any:
-    """The planner's decision with its budget replaced by ``ceil(frac * bs * gamma)`` (the forced share)."""
-    return dataclasses.replace(decision, budget=int(np.ceil(frac * bs * gamma - 1e-9)))
 
 
 @dataclass
@@ -315,7 +303,10 @@ class _Rank:
         if not self.running:
             return False
         if not self.engine.cfg.speculative:
-            return self.decode_plain()
+            for removed, (i, r) in enumerate(decode_without_speculation(self)):
+                del self.running[i - removed]
+                self.engine._finish(self, r)
+            return True
         eng, cfg = self.engine, self.engine.cfg
         gamma, batch = cfg.gamma, self.running
         bs = len(batch)
@@ -444,28 +435,6 @@ class _Rank:
             time.sleep(step_s * cfg.real_time)
         return True
 
-
-    def decode_plain(self) -> bool:
-        """A decode step without speculation: one committed token per request, ``T(bs, 0)``, no record."""
-        cfg = self.engine.cfg
-        batch = self.running
-        bs = len(batch)
-        self.forward_ct += 1
-        self.dumper.note_non_decode_step()
-        finished = []
-        prefix_total = 0
-        for i, r in enumerate(batch):
-            n = len(r.output)
-            prefix_total += len(r.input_ids) + n - 1
-            r.output.append(int(r.track.realised(np.array([n]))[0]))
-            if len(r.output) >= r.end:
-                finished.append((i, r))
-        true_s = float(cfg.true_cost.step_seconds(num_reqs=bs, budget=0)) + cfg.context_seconds_per_token * prefix_total
-        self.clock += true_s * float(np.exp(self.noise_rng.normal(0.0, cfg.step_noise))) + cfg.host_overhead_seconds
-        for removed, (i, r) in enumerate(finished):
-            del self.running[i - removed]
-            self.engine._finish(self, r)
-        return True
 
     @staticmethod
     def _target_logprob_at(r: "_Running", n: int):
