@@ -38,7 +38,9 @@ with widgets.guard("Request explorer"):
         column, ascending = _RANKINGS[rank]
         if column is not None:
             ranked = worst.sort_values(column, ascending=ascending, na_position="last")
-            order = [r for r in ranked["rid"] if r in set(order)] + [r for r in order if r not in set(ranked["rid"])]
+            listed, ranked_ids = set(order), ranked["rid"].tolist()
+            first = set(ranked_ids)
+            order = [r for r in ranked_ids if r in listed] + [r for r in order if r not in first]
             with st.expander(f"The 10 worst by {rank} ({worst['clock'].iloc[0]} clock for latencies)"):
                 widgets.table(ranked.head(10), key="worst", column_config={
                     "utilisation": st.column_config.NumberColumn(format="percent"),
