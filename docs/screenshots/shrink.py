@@ -1,4 +1,4 @@
-"""Shrink the dashboard's page screenshots for the README: 900 px wide, a 96-colour palette.
+"""Shrink the dashboard's page screenshots for the README: 800 px wide, a 64-colour palette.
 
     python docs/screenshots/shrink.py [DIR]   (default: this directory; every *.png in place)
 """
@@ -8,7 +8,7 @@ from pathlib import Path
 
 from PIL import Image
 
-WIDTH, COLOURS, MAX_HEIGHT = 900, 96, 3600
+WIDTH, COLOURS, MAX_HEIGHT = 800, 64, 3200
 
 
 def shrink(path: Path) -> None:

@@ -42,7 +42,7 @@ def show_verdicts(ds: DataSource, filters: Filters) -> None:
     cols[0].metric("report", str(head["report_status"]).upper(), help=f"{head['report_id']}, {head['generated_at']}")
     for col, verdict in zip(cols[1:], ("fail", "warn", "pass")):
         col.metric(f"figures {verdict}", int(counts.get(verdict, 0)))
-    shown = v[v["verdict"] != "pass"]
+    shown = v[v["verdict"].isin(["fail", "warn", "insufficient"])]
     limit = [("" if pd.isna(k) else f"{'<=' if k == 'max' else '>='} {x:.3g}")
              for k, x in zip(shown["limit_kind"], shown["limit_value"])]
     if not shown.empty:
@@ -53,5 +53,5 @@ def show_verdicts(ds: DataSource, filters: Filters) -> None:
             "worst_value": st.column_config.NumberColumn("worst value", format="%.4g"),
             "rows": st.column_config.NumberColumn("rows judged", help="positions / label kinds behind the figure")})
     st.caption(f"Report `{head['report_id']}`: the worst value of each figure over its positions and label kinds, "
-               "against the limit it is gated on; passing figures are counted, not listed. The calibration and "
+               "against the limit it is gated on; passing and informational figures are counted or left out, not listed. The calibration and "
                "ceiling charts draw these limits.")
