@@ -29,7 +29,7 @@ PAGES = {
     "compare": 1, "sql_console": 0,
 }
 # Titles of the charts that show a throughput or a latency: each must name its clock.
-TIMED = ("throughput", "latency", "per-user", "speed")
+TIMED = ("throughput", "latency", "per-user", "speed", "step time")
 
 _BOXES_JS = """
 () => [...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].map(plot => {

@@ -7,7 +7,7 @@ title, axis titles with units, and a one-line caption in
 from :mod:`dspark_obs.ui.palette`.
 """
 
-from dspark_obs.ui.charts._base import as_frame, caption_of
+from dspark_obs.ui.charts._base import as_frame, caption_of, name_clock
 from dspark_obs.ui.charts.calibration import (calibration_metrics, recalibration_held_out, reliability_diagram,
                                              sts_before_after)
 from dspark_obs.ui.charts.ceiling import (
@@ -29,7 +29,7 @@ from dspark_obs.ui.charts.windows import (
 
 __all__ = [
     "recalibration_held_out",
-    "as_frame", "caption_of",
+    "as_frame", "caption_of", "name_clock",
     "accept_vs_ceiling", "acceptance_by_position", "estimate_categories", "validation_scatter",
     "validation_coverage", "validation_bias",
     "window_summary", "window_by_workload", "verify_len_distribution", "utilisation_by_window",

@@ -19,7 +19,7 @@ import pyarrow as pa
 from dspark_obs.ui.palette import TEMPLATE_NAME
 
 __all__ = ["as_frame", "new_figure", "caption_of", "no_data", "require_columns", "finite", "sorted_workloads",
-           "legend_right", "legend_key", "axis_titles", "clock_of", "log2_ticks", "draw_limit", "run_colors"]
+           "legend_right", "legend_key", "axis_titles", "clock_of", "log2_ticks", "draw_limit", "run_colors", "name_clock"]
 
 LIMIT_COLOR = "#C62828"
 _RUN_COLORS = ("#111111", "#E69F00", "#0072B2", "#CC79A7", "#009E73", "#D55E00")
@@ -161,3 +161,11 @@ def run_colors(runs: Iterable[Any]) -> dict[str, str]:
     """A distinct colour per run, in order (two runs never share one)."""
     names = list(dict.fromkeys(str(r) for r in runs))
     return {r: _RUN_COLORS[i % len(_RUN_COLORS)] for i, r in enumerate(names)}
+
+
+def name_clock(fig: go.Figure, clock: str) -> go.Figure:
+    """Append the clock (``'virtual clock'``) to a timing figure's title and caption, for builders whose frame
+    carries no ``clock`` column (the page knows the runs' clock)."""
+    fig.update_layout(title_text=f"{fig.layout.title.text} ({clock})",
+                      meta={"caption": f"Times on the {clock}. {caption_of(fig)}"})
+    return fig
