@@ -152,3 +152,30 @@ def test_set_internal_state_takes_the_forced_budget(tmp_path):
         assert post({"dspark_force_budget_frac": None}).json() == {"updated": True}
         assert server.emulator.engine.cfg.force_budget_frac is None
         assert httpx.get(f"{server.url}/server_info", timeout=10).json()["emulator_clock"] == "virtual"
+
+
+def test_the_report_draws_fig1_and_fig3_of_the_newest_sweep(swept):
+    from dspark_obs.report.plots import newest_sweep, sweep_charts
+
+    points = _points(swept[0])
+    older = points.assign(sweep_id="older", started_at=points["started_at"] - pd.Timedelta(days=1))
+    newest = newest_sweep(pd.concat([older, points], ignore_index=True))
+    assert set(newest["sweep_id"]) == {"t"}
+    got = sweep_charts(newest)
+    assert [c.section for c in got] == ["throughput", "throughput"]
+    assert got[0].title.startswith("Total throughput vs per-user speed") and "virtual clock" in got[0].title
+    assert got[1].title.startswith("Compact vs no-trim across batch size")
+    assert sweep_charts(points.iloc[:0]) == []
+
+
+def test_sweep_command_refuses_bad_options_before_running(tmp_path):
+    from typer.testing import CliRunner
+
+    from dspark_obs.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["sweep", "--out", str(tmp_path / "d"), "--concurrency", "0,4"])
+    assert bad.exit_code == 2 and "integers >= 1" in " ".join(bad.output.split())
+    bad = runner.invoke(app, ["sweep", "--out", str(tmp_path / "d"), "--method", "compact,mtp"])
+    assert bad.exit_code != 0 and "not among" in " ".join(bad.output.split())
+    assert not (tmp_path / "d").exists()
