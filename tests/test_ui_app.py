@@ -27,7 +27,9 @@ PAGES = {
                      "Recalibration, held out: ECE", "Recalibration, held out: Brier", "STS: ECE per position"], 1),
     "costmodel": (["Step time: measured cells vs the fitted additive model", "Predicted vs measured step time",
                    "Residuals by batch size", "Step-time error by batch size"], 1),
-    "throughput": (["Total throughput vs per-user speed", "Per-user speed by workload and concurrency"], 1),
+    "throughput": (["Total throughput vs per-user speed", "Per-user speed by workload and concurrency",
+                    "Latency percentiles per run"], 2),
+    "compare": (["against"], 1),
     "requests": (["window, accepted drafts and full-block ceiling",
                   "Confidence and survival per step and draft position",
                   "Committed tokens and their target logprobs"], 1),
@@ -111,20 +113,20 @@ def test_estimator_pages_name_the_command_that_fills_their_tables(tmp_path, samp
 
 def test_filters_narrow_every_page_without_errors(sample_root, monkeypatch):
     at = _app(sample_root, monkeypatch).run()
-    at.multiselect(key="f_workloads").set_value(["poetry"]).run()
-    at.multiselect(key="f_runs").set_value(["sample-compact"]).run()
+    at.multiselect(key="url-workloads").set_value(["poetry"]).run()
+    at.multiselect(key="url-runs").set_value(["sample-compact"]).run()
     _assert_clean(at)
     for page in PAGES:
         _open(at, page)
         _assert_clean(at)
     _open(at, "overview")
-    table = at.dataframe[1].value
+    table = next(d.value for d in at.dataframe if "mean_acc_len" in d.value.columns)  # the per-workload table
     assert set(table["workload"]) == {"*", "poetry"} and set(table["run_id"]) == {"sample-compact"}
 
 
 def test_an_empty_selection_warns_instead_of_failing(sample_root, monkeypatch):
     at = _app(sample_root, monkeypatch).run()
-    at.multiselect(key="f_workloads").set_value([]).run()
+    at.multiselect(key="url-workloads").set_value([]).run()
     _assert_clean(at)
     assert any("empty selection" in w.value for w in at.sidebar.warning)
     for page in ("ceiling", "windows", "requests"):

@@ -280,13 +280,18 @@ THROUGHPUT = pd.DataFrame({
 
 def test_throughput_curves_one_line_per_run_sorted_by_concurrency():
     fig = charts.throughput_curves(THROUGHPUT)
-    _check(fig, "Total throughput vs per-user speed", "per-user speed", "total throughput (tokens/s)")
+    _check(fig, "Total throughput vs per-user speed", "per-user speed", "total throughput (tokens/s, wall clock)")
     assert [t.name for t in fig.data] == ["a (compact)", "b (static)"]
     assert list(fig.data[0].x) == [200.0, 100.0] and list(fig.data[0].text) == ["4.20", "4.00"]
     assert fig.data[1].line.color == mode_color("static") and fig.data[1].marker.symbol == "square"
     wl = charts.per_user_by_workload(THROUGHPUT)
-    _check(wl, "Per-user speed by workload and concurrency", "concurrency", "per-user speed")
+    _check(wl, "Per-user speed by workload and concurrency", "concurrency", "per-user tok/s (wall clock)")
     assert [t.name for t in wl.data] == ["a (compact)"] and list(wl.data[0].y) == [120.0]
+    assert list(wl.layout.xaxis.tickvals) == [8] and wl.layout.xaxis.type == "log"  # integer ticks only
+    virtual = charts.throughput_curves(THROUGHPUT.assign(clock="virtual"))
+    assert "virtual clock" in virtual.layout.xaxis.title.text and "virtual clock" in charts.caption_of(virtual)
+    with pytest.raises(ValueError, match="mixes clocks"):
+        charts.throughput_curves(THROUGHPUT.assign(clock=["virtual", "wall", "wall", "wall"]))
 
 
 STEPS = pd.DataFrame({

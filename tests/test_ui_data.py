@@ -175,7 +175,11 @@ def test_ui_throughput_and_request_list(con):
     total = tp[("r1", "*")]
     # 16 tokens over sum(e2e) / concurrency = 4 s / 2: 8 tok/s; per request 8 / 2 = 4 tok/s
     assert (total["throughput_tok_s"], total["per_user_tok_s"], total["method"]) == (8.0, 4.0, "compact")
-    assert pd.isna(tp[("r1", "math")]["throughput_tok_s"])  # Little's law needs the whole load
+    # a workload's share: its 8 tokens over the run's busy time (2 s), never its own extrapolated load
+    assert tp[("r1", "math")]["throughput_tok_s"] == 4.0
+    assert (total["clock"], tp[("r1", "math")]["clock"]) == ("wall", "wall")  # unrecorded clock: wall
+    only_math = {(r["run_id"], r["workload"]): r for r in _rows(con, "ui_throughput", Filters(workloads=("math",)))}
+    assert only_math[("r1", "*")]["throughput_tok_s"] == 4.0  # filtering a workload out lowers the total
     assert [r["rid"] for r in _rows(con, "ui_request_list", rid_like="B", max_rows=10)] == ["b"]
     assert len(_rows(con, "ui_request_list", max_rows=1)) == 1
 
@@ -193,3 +197,53 @@ def test_run_query_binds_only_declared_parameters(con):
 def test_filters_params():
     f = Filters(runs=("a",), workloads=None, dp_ranks=(0, 1), t0=T0)
     assert f.params() == {"runs": ["a"], "workloads": None, "dp_ranks": [0, 1], "t0": T0, "t1": None}
+
+
+def test_ui_latency_percentiles_and_itl_hand_computed(tmp_path):
+    s = Store(tmp_path)
+    s.upsert_run("v", started_at=T0, source="emulator", mode="compact", gamma=3, dp_size=1, clock="virtual")
+    s.write("requests", "v", [_req(f"r{i}", "math", T0, e2e_latency_s=float(i), ttft_s=0.1 * i,
+                                   completion_tokens=11) for i in range(1, 6)])
+    row = {r["workload"]: r for r in _rows(sql.connect(tmp_path), "ui_latency")}["*"]
+    assert (row["clock"], row["requests"], row["e2e_p50_s"]) == ("virtual", 5, 3.0)
+    assert row["ttft_p90_s"] == pytest.approx(0.46)  # quantile_cont over 0.1 .. 0.5
+    assert row["itl_p50_s"] == pytest.approx((3.0 - 0.3) / 10)  # (e2e - ttft) / (tokens - 1)
+
+
+def test_ui_worst_requests_ranks_by_tokens_lost_and_cap_accept_is_observed(con):
+    worst = _rows(con, "ui_worst_requests", run_id="r1")
+    # a: censored step 2 mid 2 vs 1 correct -> 1 lost; b: 0.5 - 0 -> 0.5
+    assert [(r["rid"], r["tokens_lost"]) for r in worst] == [("a", 1.0), ("b", 0.5)]
+    assert worst[0]["utilisation"] == pytest.approx(7 / 8)  # a committed 4 + 2 + 1 tokens in its steps, lost 1
+    cap = _rows(con, "ui_worst_requests", run_id="r2")
+    assert [(r["rid"], r["tokens_lost"]) for r in cap] == [("a", 1.0)]  # sum of cap_trim, observed
+
+
+def test_ui_ceiling_categories_shows_cap_accept_steps_as_observed(con, root):
+    Store(root).write("ceiling", "r2", [_ce(1, "a", "math", 10, 3, 3, 3, 3, 3, "censored_diverged")])
+    cats = {(r["run_id"], r["category"]) for r in _rows(sql.connect(root), "ui_ceiling_categories")}
+    assert ("r2", "observed_cap_accept") in cats and not any(r == "r2" and c != "observed_cap_accept"
+                                                            for r, c in cats)
+    Store(root).drop_run("ceiling", "r2")
+
+
+def test_ui_verdicts_reads_the_latest_report_with_its_limits(tmp_path):
+    schema.load_result_schemas()
+    s = Store(tmp_path)
+
+    def row(report, at, metric, verdict, value, kind="max", limit=0.05, position=None):
+        return {"report_id": report, "generated_at": at, "report_status": "pass", "section": "calibration",
+                "metric": metric, "workload": "gsm8k", "position": position, "value": value,
+                "limit_kind": kind, "limit_value": limit, "verdict": verdict}
+
+    s.write("reports", "r1", [row("old", T0, "ece", "fail", 0.2),
+                              row("new", T0 + dt.timedelta(days=1), "debiased_ece", "warn", 0.06, position=1),
+                              row("new", T0 + dt.timedelta(days=1), "debiased_ece", "pass", 0.04, position=2),
+                              row("new", T0 + dt.timedelta(days=1), "auroc", "pass", 0.8, kind="min", limit=0.75)])
+    v = _rows(sql.connect(tmp_path), "ui_verdicts")
+    assert {r["report_id"] for r in v} == {"new"}
+    first = v[0]  # the worst first
+    assert (first["metric"], first["verdict"], first["worst_value"], first["rows"]) == ("debiased_ece", "warn", 0.06, 2)
+    from dspark_obs.ui.verdicts import limits
+
+    assert limits(pd.DataFrame(v)) == {"debiased_ece": (0.05, "max"), "auroc": (0.75, "min")}

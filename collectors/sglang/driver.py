@@ -176,6 +176,7 @@ def response_rows(req: PlannedRequest, body: dict[str, Any], *, concurrency: int
         "finish_reason": fr.get("type") if isinstance(fr, dict) else fr,
         "temperature": req.temperature, "max_new_tokens": req.max_new_tokens,
         "sampling_seed": req.sampling_seed, "e2e_latency_s": meta.get("e2e_latency"),
+        "ttft_s": meta.get("emu_first_token_latency"),
         "submitted_at": submitted_at, "finished_at": finished_at, "concurrency": concurrency,
         "prompt_text": None if redact_text else req.text,
         "input_ids": None if redact_text or not req.input_ids else list(req.input_ids),

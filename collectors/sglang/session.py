@@ -84,6 +84,8 @@ class CollectOptions:
     include_held: bool = False  # also store the records the server held before the run started
     keep_token_ids: bool = False  # with redact_text: still store the tokens table (ids, logprobs, top-k)
     request_log: Optional[str] = None  # follow SGLang's JSON request log for finished requests (attach mode)
+    sweep_id: Optional[str] = None  # dspark-obs sweep: the sweep this run is a point of
+    method: Optional[str] = None  # sweep: no-spec | fixed-window | compact | no-trim
 
 
 @dataclass
@@ -265,12 +267,22 @@ class Collector(PollingMixin):
             seed=seed if isinstance(seed, int) and abs(seed) < 2**63 else None,
             server_version=info.version if isinstance(info.version, str) else None,
             startup_time=info.startup_time, server_info=json.dumps(args, default=str)[:1_000_000],
+            **self._run_axes(args, labels),
         )
         # The first body is a poll too: an empty deque now means nothing predates us,
         # so a wrap before the next poll is reported from forward_ct 1 on.
         self.summary.polls += 1
         self.metrics.on_poll(0.0)
         await self._process(info)
+
+    def _run_axes(self, args: dict, labels: dict) -> dict[str, Any]:
+        """The run's clock, driver concurrency, sweep and method (the axes a sweep's figures read)."""
+        drive = self.opts.drive
+        # The emulator's /generate latency is on its cost-table clock; OpenAI latencies are measured here.
+        virtual = args.get("emulator_clock") == "virtual" and (drive is None or drive.api == "generate")
+        return {"clock": "virtual" if virtual else "wall",
+                "concurrency": drive.concurrency if drive else None,
+                "sweep_id": self.opts.sweep_id, "method": self.opts.method or labels.get("method")}
 
     # -- traffic -----------------------------------------------------------------
 

@@ -33,6 +33,7 @@ from dspark_obs.acceptance import expected_given_window
 from dspark_obs.emulator import model
 from dspark_obs.emulator.dumper import ALL_COMPONENTS, InfoDumper
 from dspark_obs.emulator.estimator_jsonl import BlockAcceptRecorder
+from dspark_obs.emulator.methods import check_force_budget_frac, decode_without_speculation, forced_budget
 from dspark_obs.emulator.streams import StreamKey
 from dspark_obs.emulator.workloads import profile_for
 from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
@@ -85,6 +86,11 @@ class EngineConfig:
     # The server's --log-requests --log-requests-format json --log-requests-level 3, written to this file
     # (SGLang: --log-requests-target); None = off.
     request_log_path: Optional[str] = None
+    # SGLang's /set_internal_state dspark_force_budget_frac: the budget is this share of
+    # bs * gamma instead of the planner's k* (1.0 = no trimming through the ragged path).
+    force_budget_frac: Optional[float] = None
+    # False: a target without speculation (one token per request per step, no DSpark records).
+    speculative: bool = True
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -97,6 +103,7 @@ class EngineConfig:
                 self.gamma - len(self.head_temperature))
         if len(self.head_bias) < self.gamma:
             self.head_bias = tuple(self.head_bias) + (self.head_bias[-1],) * (self.gamma - len(self.head_bias))
+        check_force_budget_frac(self.force_budget_frac)
 
 
 @dataclass
@@ -129,6 +136,7 @@ class _Running:
     cap_tokens: int = 0
     cap_hist: list[int] = field(default_factory=list)
     block_accept_tokens: int = 0
+    first_token_clock: Optional[float] = None  # the rank clock when prefill produced the first token
     # draft_key's SeedSequence, premixed once (model.draft_blocks mixes in the anchor position).
     stream_key: Optional[StreamKey] = None
 
@@ -256,6 +264,7 @@ class _Rank:
             # at a position do not depend on when it is grown).
             r.track.ensure(r.end + cfg.gamma + 1)
             r.output.append(int(r.track.realised(np.array([0]))[0]))
+            r.first_token_clock = self.clock
             if len(r.output) >= r.end:
                 self.engine._finish(self, r)
             else:
@@ -285,7 +294,12 @@ class _Rank:
                     hist[[i for i, _ in at]] = lagged_surv[[j for _, j in at]]
             table = cfg.sps_table or ct.uninitialized_table(max_batch_tokens=cfg.max_running_requests * (gamma + 1))
             decision = verify_token_budget(hist, table, sched)
+            if cfg.force_budget_frac is not None:
+                decision = forced_budget(decision, bs=bs, gamma=gamma, frac=cfg.force_budget_frac)
             verify_lens = verify_lens_topk(surv, decision.budget, sched)
+            if cfg.force_budget_frac is not None and decision.budget >= bs * gamma:
+                # a forced budget of every slot verifies every block whole (no-trim), drafts under the 1e-6 cut too
+                verify_lens = np.full(bs, gamma + 1, dtype=np.int32)
         # Each request's survival row by rid (the last row wins for a repeated rid).
         self.survival_history.append((dict(zip(rids, range(bs))), surv))
         return verify_lens, decision
@@ -293,6 +307,11 @@ class _Rank:
     def decode(self) -> bool:
         if not self.running:
             return False
+        if not self.engine.cfg.speculative:
+            for removed, (i, r) in enumerate(decode_without_speculation(self)):
+                del self.running[i - removed]
+                self.engine._finish(self, r)
+            return True
         eng, cfg = self.engine, self.engine.cfg
         gamma, batch = cfg.gamma, self.running
         bs = len(batch)
@@ -449,6 +468,8 @@ class Engine:
         self._in_flight_before_finish = cfg.lockstep_concurrency
         self._last_submit = time.monotonic()
         self.requests_finished = 0
+        self._lockstep_total = 0  # set_lockstep: requests a closed-loop client will send
+        self._lockstep_finished_base = 0
 
     # -- submission ----------------------------------------------------------
     def submit(self, req: GenerateRequest) -> concurrent.futures.Future:
@@ -484,6 +505,20 @@ class Engine:
             self._wake.notify()
         return fut
 
+    def set_lockstep(self, concurrency: int, total: int = 0) -> None:
+        """Hold each forward for a closed-loop client at ``concurrency`` (0 = off); see ``_await_closed_loop_refill``.
+
+        With ``total`` (the requests the client will send from now on) the engine
+        knows how many should be in flight — ``min(concurrency, total - finished)`` —
+        and waits for exactly that, so the drain at the end costs no waiting.
+        """
+        with self.lock:
+            self.cfg.lockstep_concurrency = max(0, int(concurrency))
+            self._in_flight_before_finish = self.cfg.lockstep_concurrency
+            self._lockstep_total = max(0, int(total))
+            self._lockstep_finished_base = self.requests_finished
+            self._wake.notify_all()
+
     def _finish(self, rank: _Rank, r: _Running) -> None:
         if self.cfg.lockstep_concurrency and not self._in_flight_before_finish:
             self._in_flight_before_finish = sum(len(x.waiting) + len(x.running) for x in self.ranks) + 1
@@ -499,6 +534,8 @@ class Engine:
             "prompt_tokens": len(r.input_ids), "completion_tokens": completion, "cached_tokens": 0,
             "e2e_latency": round(rank.clock - r.submitted_clock, 6),
         }
+        if r.first_token_clock is not None:  # emulator only: SGLang's non-streaming meta_info has no TTFT
+            meta["emu_first_token_latency"] = round(r.first_token_clock - r.submitted_clock, 6)
         meta.update(spec_meta_info(r, gamma=self.cfg.gamma, mode=self.cfg.mode, completion=completion))
         if r.req.return_logprob:
             pos = np.arange(completion)
@@ -565,6 +602,9 @@ class Engine:
         target = self.cfg.lockstep_concurrency
         if not target:
             return
+        if self._lockstep_total:
+            self._await_known_refill(target)
+            return
         with self.lock:
             # Refill what the last forward finished (C at start), while arrivals keep
             # coming: give up once none has arrived for lockstep_wait_s.
@@ -577,6 +617,18 @@ class Engine:
                     self._in_flight_before_finish = 0
                     return
                 self._wake.wait(timeout=self.cfg.lockstep_wait_s if in_flight else 0.5)
+
+    def _await_known_refill(self, target: int) -> None:
+        """Lockstep with a known total: wait until ``min(C, total - finished)`` requests are in flight."""
+        with self.lock:
+            began = time.monotonic()
+            while not self._stop:
+                left = self._lockstep_total - (self.requests_finished - self._lockstep_finished_base)
+                in_flight = sum(len(r.waiting) + len(r.running) for r in self.ranks)
+                quiet = time.monotonic() - max(self._last_submit, began)
+                if in_flight >= min(target, left) or quiet >= self.cfg.lockstep_wait_s:
+                    return
+                self._wake.wait(timeout=self.cfg.lockstep_wait_s)
 
     # -- introspection --------------------------------------------------------
     def dump(self) -> list[Optional[dict]]:

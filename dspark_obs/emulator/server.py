@@ -65,7 +65,7 @@ def _server_args(cfg: EngineConfig, port: int) -> dict[str, Any]:
         "enable_dp_attention": cfg.dp_size > 1,
         "max_running_requests": cfg.max_running_requests,
         "random_seed": cfg.seed,
-        "speculative_algorithm": "DSPARK",
+        "speculative_algorithm": "DSPARK" if getattr(cfg, "speculative", True) else None,
         "speculative_dspark_block_size": cfg.gamma,
         "speculative_num_draft_tokens": cfg.gamma + 1,
         # SGLang's flag: None = no table (its planner then runs the flat uninitialised table)
@@ -81,6 +81,8 @@ def _server_args(cfg: EngineConfig, port: int) -> dict[str, Any]:
         "emulator_sps_table": sps_table_source(cfg),
         # SGLang's record deque holds a fixed INFO_DUMP_MAX_RECORDS; the emulator's is configurable
         "emulator_max_records": cfg.max_records,
+        # which clock e2e_latency and the step times come from: the cost table's (virtual) or measured (wall)
+        "emulator_clock": "wall" if getattr(cfg, "model", None) else "virtual",
     }
 
 
@@ -336,9 +338,24 @@ class EmulatorApp:
             args = body.get("server_args", {})
         except (msgspec.DecodeError, AttributeError):
             return JSONResponse({"updated": False, "error": "body must be {\"server_args\": {...}}"}, status_code=400)
-        unknown = [k for k in args if k != "dspark_clear_info_records"]
+        unknown = [k for k in args if k not in ("dspark_clear_info_records", "dspark_force_budget_frac",
+                                                "emulator_lockstep_concurrency", "emulator_lockstep_total")]
         if unknown:
             return JSONResponse({"updated": False})
+        if "emulator_lockstep_concurrency" in args:  # emulator only: a sweep point's closed-loop batch
+            self.engine.set_lockstep(int(args["emulator_lockstep_concurrency"] or 0),
+                                     int(args.get("emulator_lockstep_total") or 0))
+        if "dspark_force_budget_frac" in args:
+            from dspark_obs.emulator.engine import check_force_budget_frac
+
+            frac = args["dspark_force_budget_frac"]
+            try:
+                frac = None if frac is None else float(frac)
+                check_force_budget_frac(frac)
+            except (TypeError, ValueError) as exc:
+                return JSONResponse({"updated": False, "error": str(exc)}, status_code=400)
+            with self.engine.lock:
+                self.engine.cfg.force_budget_frac = frac
         if args.get("dspark_clear_info_records"):
             self.engine.clear_records()
         return JSONResponse({"updated": True})
@@ -445,7 +462,11 @@ class SubprocessServer:
             self.port = sock.getsockname()[1]
         args = [sys.executable, "-m", *self.module, "--host", self.host, "--port", str(self.port)]
         for name, value in self.options.items():
-            args += [f"--{name.replace('_', '-')}", str(value)]
+            flag = f"--{name.replace('_', '-')}"
+            if isinstance(value, bool):  # a switch: given when True
+                args += [flag] if value else []
+            elif value is not None:
+                args += [flag, str(value)]
         self._proc = subprocess.Popen(args, cwd=self.cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + self.startup_timeout
         while time.monotonic() < deadline:

@@ -30,7 +30,7 @@ from dspark_obs.report.inputs import (
     InputError, RunInfo, Selection, check_readable, connect, ensure_stages, read_runs, select_runs,
 )
 from dspark_obs.report.model import Figure
-from dspark_obs.report.plots import HISTORY_METRICS, build_charts, history_frame
+from dspark_obs.report.plots import HISTORY_METRICS, build_charts, history_frame, newest_sweep
 from dspark_obs.report.render_html import render_html
 from dspark_obs.report.render_md import render_markdown
 from dspark_obs.report.sts import sts_section
@@ -145,6 +145,7 @@ def build_report(opts: ReportOptions) -> ReportResult:
         sts = sts_section(con, sel.runs, cal.labels)
         trim = health_section(con, sel.runs)
         previous = sqlmod.query(con, "report_history_overview", {"metrics": list(HISTORY_METRICS)}).to_pandas()
+        sweep = newest_sweep(sqlmod.query(con, "sweep_points").to_pandas())
     except duckdb.Error as exc:
         check_readable(root, involved)
         raise InputError(f"cannot read the store at {root}: {str(exc).splitlines()[0]}") from None
@@ -163,7 +164,7 @@ def build_report(opts: ReportOptions) -> ReportResult:
     charts = build_charts(runs=[r.run_id for r in sel.runs],
                           baselines={k: [b.run_id for b in v] for k, v in baselines.items()},
                           figures=figures, calibration=cal, ceiling=ceil, costmodel=cost, sts=sts,
-                          history=history_frame(previous, figures, started), limits=limits)
+                          history=history_frame(previous, figures, started), limits=limits, sweep=sweep)
     pngs: dict[str, str] = {}
     if opts.png:
         from dspark_obs.report.png import export_pngs

@@ -17,7 +17,7 @@ from dspark_obs.report.metrics import info
 from dspark_obs.report.model import Figure
 from dspark_obs.ui import charts as uc
 
-__all__ = ["Chart", "build_charts", "history_frame", "HISTORY_METRICS"]
+__all__ = ["Chart", "build_charts", "history_frame", "newest_sweep", "sweep_charts", "HISTORY_METRICS"]
 
 HISTORY_METRICS = ("debiased_ece", "ece", "utilisation", "estimator_coverage", "costmodel_mape")
 _MAX_BASELINE_RUNS_DRAWN = 3
@@ -104,10 +104,30 @@ def _forest_frame(figures: list[Figure]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["label", "delta", "delta_low", "delta_high", "min_delta", "better", "verdict"])
 
 
+def newest_sweep(points: pd.DataFrame) -> pd.DataFrame:
+    """The rows of the most recently started sweep among ``sweep_points`` rows (empty when none)."""
+    if points.empty:
+        return points
+    newest = points.sort_values("started_at", kind="stable")["sweep_id"].iloc[-1]
+    return points[points["sweep_id"] == newest].reset_index(drop=True)
+
+
+def sweep_charts(sweep: pd.DataFrame | None) -> list[Chart]:
+    """Fig. 1 and Fig. 3 of one sweep, one pair per clock (a figure never mixes clocks)."""
+    out: list[Chart] = []
+    if sweep is None or sweep.empty:
+        return out
+    for clock, sub in sweep.groupby("clock", sort=True):
+        name = _slug(f"{sub['sweep_id'].iloc[0]}-{clock}")
+        out.append(Chart(f"sweep-fig1-{name}", "throughput", None, uc.sweep_throughput(sub)))
+        out.append(Chart(f"sweep-fig3-{name}", "throughput", None, uc.trim_gap_by_batch(uc.trim_gap_frame(sub))))
+    return out
+
+
 def build_charts(*, runs: list[str], baselines: dict[str, list[str]], figures: list[Figure], calibration,
-                 ceiling, costmodel, sts, history: pd.DataFrame, limits: dict[str, tuple[float | None, str | None]]
-                 ) -> list[Chart]:
-    """The report's charts in page order."""
+                 ceiling, costmodel, sts, history: pd.DataFrame, limits: dict[str, tuple[float | None, str | None]],
+                 sweep: pd.DataFrame | None = None) -> list[Chart]:
+    """The report's charts in page order (``sweep``: the newest sweep's ``sweep_points`` rows, for Fig. 1 and 3)."""
     out: list[Chart] = []
     for run in runs:
         if run not in calibration.labels:
@@ -143,6 +163,7 @@ def build_charts(*, runs: list[str], baselines: dict[str, list[str]], figures: l
         for run, sub in sts.frame.groupby("run_id", sort=False):
             out.append(Chart(f"sts-{_slug(str(run))}", "sts", str(run),
                              uc.sts_before_after(sub.drop(columns=["run_id"]))))
+    out += sweep_charts(sweep)
     forest = _forest_frame(figures)
     if not forest.empty:
         out.append(Chart("drift", "drift", None, rc.drift_forest(forest)))

@@ -150,7 +150,8 @@ def render_html(summary: dict, charts: list, pngs: dict[str, str] | None = None)
                            for x in summary["collection"])
             parts.append("<table><tr><th class=l>run</th><th class=l>kind</th><th class=l>reason</th><th>count</th>"
                          f"<th>forward_cts lost</th></tr>{rows}</table>")
-    for section, title in (("drift", "Drift against the baseline"), ("history", "History")):
+    for section, title in (("throughput", "Throughput sweep: Fig. 1 and Fig. 3"),
+                           ("drift", "Drift against the baseline"), ("history", "History")):
         if charts_by[section]:
             parts.append(f"<h2 id='{section}'>{title}</h2>")
             parts += [_chart(ch, pngs.get(ch.name)) for ch in charts_by[section]]

@@ -3,7 +3,8 @@
 -- From the ceiling table of `dspark-obs estimate`: exact_in_window (the
 -- window rejected a draft, or covered the block), censored_resolved_exact,
 -- censored_diverged, censored_eos, censored_at_end.  share is within the
--- (run, workload).
+-- (run, workload).  A cap-accept run's ceiling is observed (correct_drafts +
+-- cap_trim), never censored: its steps count as observed_cap_accept.
 --
 -- Parameters:
 --   $runs        only these run ids (list); default NULL (every run)
@@ -24,12 +25,15 @@ meth AS (  -- one estimator method per run: 'default' when present
     FROM ceiling GROUP BY run_id
 ),
 per_req AS (
-    SELECT c.run_id, c.rid, c.category, count(*) AS n, sum(c.hi - c.lo) AS width
+    SELECT c.run_id, c.rid,
+           CASE WHEN r.mode = 'cap-accept' THEN 'observed_cap_accept' ELSE c.category END AS category,
+           count(*) AS n, sum(CASE WHEN r.mode = 'cap-accept' THEN 0 ELSE c.hi - c.lo END) AS width
     FROM ceiling AS c
     JOIN meth AS m ON m.run_id = c.run_id AND m.method = c.method
+    LEFT JOIN runs AS r ON r.run_id = c.run_id
     WHERE ($runs IS NULL OR list_contains($runs, c.run_id))
       AND ($dp_ranks IS NULL OR list_contains($dp_ranks, c.dp_rank))
-    GROUP BY c.run_id, c.rid, c.category
+    GROUP BY ALL
 ),
 per_wl AS (
     SELECT p.run_id, coalesce(q.workload, 'unknown') AS workload, p.category, sum(p.n) AS n, sum(p.width) AS width

@@ -2,7 +2,8 @@
 --
 -- A run is listed when it has a runs, steps, step_reqs or requests row.
 -- method is the run's 'method' label, else its mode.  duration_s is
--- ended_at - started_at (null while running).  The counts honour the DP-rank
+-- ended_at - started_at on the wall clock (null while running); clock is the
+-- clock of the run's latencies and step times (wall | virtual).  The counts honour the DP-rank
 -- filter (steps, gaps) and the time filter (requests by submitted_at); the
 -- time filter also drops runs whose [started_at, ended_at] misses the range.
 -- missing_forward_cts is an upper bound on lost decode records.
@@ -15,7 +16,7 @@
 -- Output columns:
 --   run_id, mode, method, gamma, source, dp_size, started_at, duration_s,
 --   requests, steps, request_steps, gaps, missing_forward_cts, dead_letters,
---   companion_of, end_reason
+--   companion_of, end_reason, clock, sweep_id
 WITH ids AS (
     SELECT run_id FROM runs
     UNION SELECT run_id FROM steps
@@ -48,7 +49,7 @@ dl AS (SELECT run_id, count(*) AS n FROM dead_letters GROUP BY run_id)
 SELECT
     ids.run_id,
     r.mode,
-    coalesce(r.labels['method'], r.mode) AS method,
+    coalesce(r.method, r.labels['method'], r.mode) AS method,
     r.gamma,
     r.source,
     r.dp_size,
@@ -61,7 +62,9 @@ SELECT
     CAST(coalesce(gp.missing, 0) AS BIGINT) AS missing_forward_cts,
     coalesce(dl.n, 0) AS dead_letters,
     r.companion_of,
-    r.end_reason
+    r.end_reason,
+    coalesce(r.clock, 'wall') AS clock,
+    r.sweep_id
 FROM ids
 LEFT JOIN runs AS r ON r.run_id = ids.run_id
 LEFT JOIN st ON st.run_id = ids.run_id

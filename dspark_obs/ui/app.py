@@ -9,12 +9,16 @@ and draws with the chart builders in :mod:`dspark_obs.ui.charts`.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
 from dspark_obs.ui import widgets
 from dspark_obs.ui.data import DataSource, Filters
 
-st.set_page_config(page_title="dspark-obs", page_icon=":material/speed:", layout="wide")
+# A local file: a ":material/...:" page icon makes the browser fetch its SVG from a public font CDN.
+st.set_page_config(page_title="dspark-obs", page_icon=str(Path(__file__).parent / "static" / "favicon.png"),
+                   layout="wide")
 
 PAGES = [
     ("app_pages/overview.py", "Overview", ":material/dashboard:"),
@@ -24,6 +28,7 @@ PAGES = [
     ("app_pages/costmodel.py", "Cost model", ":material/timer:"),
     ("app_pages/throughput.py", "Throughput", ":material/speed:"),
     ("app_pages/requests.py", "Request explorer", ":material/timeline:"),
+    ("app_pages/compare.py", "Compare", ":material/compare_arrows:"),
     ("app_pages/sql_console.py", "SQL console", ":material/terminal:"),
 ]
 
@@ -38,6 +43,9 @@ filters = Filters()
 with st.sidebar:
     with widgets.guard("Filters"):
         filters = widgets.sidebar_filters(ds)
+    with widgets.guard("Auto-refresh"):
+        if not ds.empty:
+            widgets.auto_refresh(ds)
 widgets.set_context(ds, filters)
 
 page = st.navigation([st.Page(path, title=title, icon=icon, default=i == 0)

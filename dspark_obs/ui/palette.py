@@ -41,9 +41,13 @@ MODE_COLORS = {
     "cap-accept": "#6A51A3",  # purple: exposes the ceiling
     "static": "#525252",      # grey: the baseline
     "no-trim": "#8C6D31",     # brown: compact verifying the full window
+    "fixed-window": "#525252",  # grey like static: the whole block every step (MTP kind)
+    "no-spec": "#1F77B4",     # blue: the target alone
 }
-_MODE_DASH = {"compact": "solid", "cap-accept": "dash", "static": "dot", "no-trim": "dashdot"}
-_MODE_SYMBOL = {"compact": "circle", "cap-accept": "diamond", "static": "square", "no-trim": "triangle-up"}
+_MODE_DASH = {"compact": "solid", "cap-accept": "dash", "static": "dot", "no-trim": "dashdot",
+              "fixed-window": "dot", "no-spec": "longdash"}
+_MODE_SYMBOL = {"compact": "circle", "cap-accept": "diamond", "static": "square", "no-trim": "triangle-up",
+                "fixed-window": "square", "no-spec": "x"}
 _MODE_PATTERN = {"compact": "", "cap-accept": "/", "static": "x", "no-trim": "."}
 _SPARE_MODE_COLORS = ("#1B9E77", "#D95F02", "#7570B3", "#E7298A", "#66A61E")
 
@@ -63,6 +67,7 @@ CATEGORY_COLORS = {
     "censored_diverged": "#A6BDDB",
     "censored_eos": "#FDAE6B",
     "censored_at_end": "#E6550D",
+    "observed_cap_accept": "#6A51A3",  # cap-accept: the ceiling is observed, nothing censored
 }
 TOKEN_SOURCE_COLORS = {
     "draft": "#9ECAE1",    # an accepted draft

@@ -15,18 +15,21 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-__all__ = ["SAMPLE_RUNS", "build_sample_store"]
+__all__ = ["SAMPLE_RUNS", "SAMPLE_SWEEP", "build_sample_store"]
 
 SAMPLE_RUNS = {"compact": "sample-compact", "cap-accept": "sample-cap-accept"}
+SAMPLE_SWEEP = "sample-sweep"
 _DONE = ".sample-complete"
 
 
 def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int = 12, max_new_tokens: int = 160,
-                       seed: int = 0, bootstrap: int = 50) -> Path:
+                       seed: int = 0, bootstrap: int = 50, sweep: bool = False, report: bool = False) -> Path:
     """Collect the sample runs into ``root`` and fill the estimator tables; returns ``root``.
 
-    A root that already holds a complete sample is returned as is (the marker
-    file ``.sample-complete`` is written last).
+    ``sweep`` adds a small concurrency sweep of the four methods (every page then
+    has its figures, Fig. 1 and Fig. 3 included); ``report`` writes a report so
+    the Overview shows verdicts.  A root that already holds a complete sample
+    is returned as is (the marker file ``.sample-complete`` is written last).
     """
     from collectors.sglang.driver import DriveSpec
     from collectors.sglang.session import CollectOptions, collect
@@ -60,6 +63,16 @@ def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int
     report = costmodel.fit_runs(con, list(SAMPLE_RUNS.values()))
     costmodel.write_results(store, report)
     _store_sts(store, con, compact)
+    if sweep:
+        from dspark_obs import sweep as sweep_mod
+
+        sweep_mod.run_sweep(store, sweep_mod.SweepOptions.quick(
+            SAMPLE_SWEEP, concurrency=(1, 2, 4, 8, 16, 32), min_requests=4, requests_per_slot=1,
+            max_new_tokens=32, seed=seed))
+    if report:
+        from dspark_obs.report import ReportOptions, build_report
+
+        build_report(ReportOptions(data=root, out=root / "report", runs=[compact], png=False, n_bootstrap=bootstrap))
     (root / _DONE).write_text("ok\n")
     return root
 
@@ -79,6 +92,7 @@ def _store_sts(store, con, run_id: str) -> None:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    if len(sys.argv) != 2:
-        sys.exit("usage: python -m dspark_obs.ui.sample OUT_DIR")
-    print(build_sample_store(sys.argv[1]))
+    if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--full"]):
+        sys.exit("usage: python -m dspark_obs.ui.sample OUT_DIR [--full]   (--full: with a sweep and a report)")
+    full = sys.argv[2:] == ["--full"]
+    print(build_sample_store(sys.argv[1], sweep=full, report=full))

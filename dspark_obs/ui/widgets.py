@@ -14,6 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from dspark_obs.ui import urlstate
 from dspark_obs.ui.charts import caption_of
 from dspark_obs.ui.data import DataSource, Filters
 
@@ -131,9 +132,10 @@ def sidebar_filters(ds: DataSource) -> Filters:
     workloads = list(row["workloads"]) if row["workloads"] is not None else []
     ranks = [int(r) for r in row["dp_ranks"]] if row["dp_ranks"] is not None else []
     sb.subheader("Filters")
-    sel_runs = sb.multiselect("Runs", runs, default=runs, key="f_runs", help="Runs to include (all by default).")
-    sel_workloads = sb.multiselect("Workloads", workloads, default=workloads, key="f_workloads")
-    sel_ranks = sb.multiselect("DP ranks", ranks, default=ranks, key="f_ranks") if len(ranks) > 1 else ranks
+    sel_runs = urlstate.multiselect("Runs", runs, key="runs", container=sb,
+                                    help="Runs to include (all by default); kept in the URL, so a view can be shared.")
+    sel_workloads = urlstate.multiselect("Workloads", workloads, key="workloads", container=sb)
+    sel_ranks = urlstate.multiselect("DP ranks", ranks, key="ranks", container=sb) if len(ranks) > 1 else ranks
     t0 = t1 = None
     t_min, t_max = row["t_min"], row["t_max"]
     if pd.notna(t_min) and pd.notna(t_max) and t_max > t_min:
@@ -150,6 +152,30 @@ def sidebar_filters(ds: DataSource) -> Filters:
         sb.warning("An empty selection shows nothing: pick at least one run, workload and DP rank.")
     return Filters(runs=_all_or_none(sel_runs, runs), workloads=_all_or_none(sel_workloads, workloads),
                    dp_ranks=_all_or_none(sel_ranks, ranks), t0=t0, t1=t1)
+
+
+def auto_refresh(ds: DataSource, *, every_s: float = 5.0) -> None:
+    """While a run is being collected (no ``ended_at``), re-run the app when the store gains files.
+
+    A sidebar toggle (on by default, ``?live=0`` in the URL turns it off) controls it.
+    """
+    runs = ds.q("ui_runs")
+    live = runs[runs["duration_s"].isna() & runs["started_at"].notna()]["run_id"].tolist() if not runs.empty else []
+    if not live:
+        return
+    on = urlstate.toggle(f"Auto-refresh every {every_s:g} s", key="live", default=True, container=st.sidebar,
+                         help="Collecting now: " + ", ".join(live))
+    if not on:
+        return
+    version = ds.version
+
+    @st.fragment(run_every=every_s)
+    def _watch() -> None:
+        if DataSource(ds.root).version != version:
+            st.rerun(scope="app")
+
+    with st.sidebar:
+        _watch()
 
 
 def page_header(title: str, blurb: str) -> None:

@@ -12,8 +12,8 @@ import pytest
 
 # url path -> Plotly charts the page draws on the sample store
 PAGES = {
-    "": 2, "ceiling": 6, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 2, "requests": 3,
-    "sql_console": 0,
+    "": 2, "ceiling": 6, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 3, "requests": 3,
+    "compare": 1, "sql_console": 0,
 }
 ERRORS = '[data-testid="stException"], [data-testid="stAlertContentError"]'
 LOAD_TIMEOUT_MS = 90_000

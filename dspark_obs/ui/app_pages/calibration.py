@@ -5,7 +5,7 @@ import json
 import pandas as pd
 import streamlit as st
 
-from dspark_obs.ui import charts, widgets
+from dspark_obs.ui import charts, verdicts, widgets
 from dspark_obs.ui.charts._base import sorted_workloads
 from dspark_obs.ui.charts.calibration import RECALIBRATION_ORDER
 
@@ -19,6 +19,8 @@ if ds.empty:
     st.stop()
 
 _LABEL_PREFERENCE = ("companion", "reconstructed", "observed")
+# the figures the report gates (debiased ECE, AUROC) beside the plug-in ECE and Brier
+_METRICS = ("ece", "debiased_ece", "brier", "auroc")
 
 
 @st.cache_data(show_spinner="Fitting STS temperatures ...", max_entries=32)
@@ -79,7 +81,9 @@ with widgets.guard("Calibration tables"):
             sel_bins = bins[(bins["labels"] == kind) & (bins["workload"] != "*")]
             color_by = "workload"
         widgets.show_chart(charts.reliability_diagram(sel_bins, color_by=color_by), key="calibration-reliability")
-        widgets.show_chart(charts.calibration_metrics(sel, color_by=color_by), key="calibration-metrics")
+        widgets.show_chart(charts.calibration_metrics(sel, color_by=color_by, metrics=_METRICS,
+                                                      limits=verdicts.report_limits(ds, f)),
+                           key="calibration-metrics")
         with st.expander("Metrics as a table"):
             widgets.table(sel, key="calibration", column_config={
                 c: st.column_config.NumberColumn(format="%.4f")

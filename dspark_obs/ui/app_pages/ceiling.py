@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dspark_obs.ui import charts, widgets
+from dspark_obs.ui import charts, verdicts, widgets
 
 ds, f = widgets.context()
 st.title("Ceiling")
@@ -48,13 +48,17 @@ with widgets.guard("Estimate vs truth"):
                 "recorded with the run, or pass `--companion RUN`).", icon=":material/info:")
     else:
         head = val[val["group_kind"].isin(["overall", "all_steps"])]
+        modes = dict(zip(*ds.q("ui_runs")[["run_id", "mode"]].to_numpy().T)) if not head.empty else {}
         for _, r in head.iterrows():
             scope = "censored steps" if r["group_kind"] == "overall" else "all steps"
             truth = r["truth_source"] + (f" `{r['companion_run']}`" if isinstance(r["companion_run"], str) else "")
+            if modes.get(r["run_id"]) == "cap-accept":
+                truth += " — a self-check: a cap-accept run observes its ceiling, so this is no independent truth"
             st.markdown(f"**{r['run_id']}** ({scope}, truth: {truth}): n = {int(r['n'])}, bias "
                         f"{r['bias']:+.4f} drafts, MAE {r['mae']:.4f}, coverage {r['coverage']:.1%}")
         widgets.show_chart(charts.validation_scatter(val), key="ceiling-validation-scatter")
-        widgets.show_chart(charts.validation_coverage(val), key="ceiling-validation-coverage")
+        coverage_limit = verdicts.report_limits(ds, f).get("estimator_coverage", (None, None))[0]
+        widgets.show_chart(charts.validation_coverage(val, limit=coverage_limit), key="ceiling-validation-coverage")
         widgets.show_chart(charts.validation_bias(val), key="ceiling-validation-bias")
         with st.expander("Validation rows"):
             widgets.table(val, key="validation")

@@ -57,13 +57,21 @@ with widgets.guard("Cost model"):
     bs_lines = sorted(set(probes) | {int(bs_seen.max())}) if probes else \
         sorted({int(v) for v in np.quantile(bs_seen, [0, 0.5, 1])})
     curves = charts.curve_frame(table, bs_lines, gamma=gamma)
-    widgets.show_chart(charts.costmodel_raw_vs_fitted(cells, curves), key="costmodel-raw-vs-fitted")
-    widgets.show_chart(charts.predicted_vs_measured(cells), key="costmodel-predicted-vs-measured")
-    widgets.show_chart(charts.residuals_by_batch(cells), key="costmodel-residuals")
+    runs = ds.q("ui_runs", scope)
+    clocks = sorted(set(runs["clock"])) if not runs.empty else ["wall"]
+    clock = " and ".join(f"{c} clock" for c in clocks)
+    if len(clocks) > 1:
+        st.warning(f"These runs' step times come from different clocks ({clock}): narrow the Runs filter to one.",
+                   icon=":material/warning:")
+    widgets.show_chart(charts.name_clock(charts.costmodel_raw_vs_fitted(cells, curves), clock),
+                       key="costmodel-raw-vs-fitted")
+    widgets.show_chart(charts.name_clock(charts.predicted_vs_measured(cells), clock),
+                       key="costmodel-predicted-vs-measured")
+    widgets.show_chart(charts.name_clock(charts.residuals_by_batch(cells), clock), key="costmodel-residuals")
     if run is not None:
         errors = ds.q("ui_costmodel_error", dataclasses.replace(f, runs=tuple(pooled)))
         if not errors.empty:
-            widgets.show_chart(charts.error_by_batch(errors), key="costmodel-error")
+            widgets.show_chart(charts.name_clock(charts.error_by_batch(errors), clock), key="costmodel-error")
         st.subheader("Fitted table")
         widgets.table(mine[mine["model"] == model], key="costmodel-fit", column_config={
             "value_ms": st.column_config.NumberColumn("value (ms; context: ms per 1000 tokens)", format="%.4f"),

@@ -3,7 +3,7 @@
 import pandas as pd
 import streamlit as st
 
-from dspark_obs.ui import charts, health_panel, widgets
+from dspark_obs.ui import charts, health_panel, verdicts, widgets
 
 ds, f = widgets.context()
 st.title("Overview")
@@ -22,7 +22,10 @@ with widgets.guard("Runs"):
     st.subheader("Runs")
     widgets.table(runs, key="runs", column_config={
         "run_id": st.column_config.TextColumn("run", pinned=True),
-        "duration_s": st.column_config.NumberColumn("duration (s)", format="%.1f"),
+        "duration_s": st.column_config.NumberColumn("duration (wall s)", format="%.1f",
+                                                    help="collection time on the wall clock, whatever the run's clock"),
+        "clock": st.column_config.TextColumn("clock", help="clock of the run's latencies and step times: wall "
+                                             "(measured) or virtual (the emulator's cost-table clock)"),
         "started_at": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm:ss"),
         "missing_forward_cts": st.column_config.NumberColumn("lost forward_cts (max)"),
         "dead_letters": st.column_config.NumberColumn("dead letters"),
@@ -32,6 +35,9 @@ with widgets.guard("Runs"):
         st.warning("Collection was lossy for " + ", ".join(f"`{r}`" for r in lossy["run_id"]) +
                    ": see the gaps and dead letters columns (`dspark-obs sql --data D gaps_summary`).",
                    icon=":material/warning:")
+
+with widgets.guard("Latest report"):
+    verdicts.show_verdicts(ds, f)
 
 with widgets.guard("Per-workload summary"):
     wl = ds.q("ui_workloads", f)
@@ -89,6 +95,7 @@ with widgets.guard("Calibration summary"):
         # the run scored with the most label kinds: its observed-vs-companion gap is the survivorship bias
         kinds = cal.groupby("run_id")["labels"].nunique()
         run = kinds.sort_values(ascending=False, kind="stable").index[0]
-        fig = charts.calibration_metrics(cal[cal["run_id"] == run], metrics=("ece",))
+        fig = charts.calibration_metrics(cal[cal["run_id"] == run], metrics=("ece",),
+                                         limits=verdicts.report_limits(ds, f))
         fig.update_layout(title_text=f"ECE of survival S_k by draft position: {run}")
         widgets.show_chart(fig, key="overview-ece")

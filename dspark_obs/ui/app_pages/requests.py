@@ -5,6 +5,10 @@ import streamlit as st
 
 from dspark_obs.ui import charts, widgets
 
+# ranking -> (column of ui_worst_requests, ascending)
+_RANKINGS = {"tokens lost to trimming": ("tokens_lost", False), "lowest utilisation": ("utilisation", True),
+             "slowest": ("e2e_latency_s", False), "submission order": (None, True)}
+
 ds, f = widgets.context()
 st.title("Request explorer")
 st.caption("Pick a request to follow it step by step: the window the scheduler gave it, what it accepted, what "
@@ -26,7 +30,23 @@ with widgets.guard("Request explorer"):
     run_ids = sorted(dict.fromkeys(requests["run_id"]), key=lambda r: (modes.get(r) != "compact", r))
     run = c1.selectbox("Run", run_ids, key="rq_run", help="Compact runs first: their ceiling is the hidden one.")
     mine = requests[requests["run_id"] == run]
-    rid = st.selectbox(f"Request ({len(mine)} shown)", list(mine["rid"]), key="rq_rid")
+    worst = ds.q("ui_worst_requests", f, run_id=run)
+    order = list(mine["rid"])
+    if not worst.empty:
+        rank = st.segmented_control("Worst requests first, by", list(_RANKINGS), default="tokens lost to trimming",
+                                    key="rq_rank") or "submission order"
+        column, ascending = _RANKINGS[rank]
+        if column is not None:
+            ranked = worst.sort_values(column, ascending=ascending, na_position="last")
+            listed, ranked_ids = set(order), ranked["rid"].tolist()
+            first = set(ranked_ids)
+            order = [r for r in ranked_ids if r in listed] + [r for r in order if r not in first]
+            with st.expander(f"The 10 worst by {rank} ({worst['clock'].iloc[0]} clock for latencies)"):
+                widgets.table(ranked.head(10), key="worst", column_config={
+                    "utilisation": st.column_config.NumberColumn(format="percent"),
+                    **{c: st.column_config.NumberColumn(format="%.4f") for c in ("e2e_latency_s", "ttft_s", "itl_s")},
+                    "tokens_lost": st.column_config.NumberColumn("tokens lost to trimming", format="%.2f")})
+    rid = st.selectbox(f"Request ({len(mine)} shown)", order, key="rq_rid")
     req = mine[mine["rid"] == rid].iloc[0]
     m = st.columns(6)
     m[0].metric("workload", str(req["workload"]))
@@ -35,6 +55,18 @@ with widgets.guard("Request explorer"):
     m[3].metric("decode steps", f"{req['spec_verify_ct']:.0f}" if pd.notna(req["spec_verify_ct"]) else "-")
     m[4].metric("accept length", f"{req['spec_accept_length']:.2f}" if pd.notna(req["spec_accept_length"]) else "-")
     m[5].metric("finish", str(req["finish_reason"]) if pd.notna(req["finish_reason"]) else "-")
+
+    mine_worst = worst[worst["rid"] == rid]
+    if not mine_worst.empty:
+        w = mine_worst.iloc[0]
+        clock = f"{w['clock']} clock"
+        lat = st.columns(5)
+        for col, (label, value, unit) in zip(lat, (
+                ("end-to-end", w["e2e_latency_s"], "s"), ("time to first token", w["ttft_s"], "s"),
+                ("inter-token", w["itl_s"] * 1e3 if pd.notna(w["itl_s"]) else None, "ms"),
+                ("tokens lost to trimming", w["tokens_lost"], ""), ("utilisation", w["utilisation"], "%"))):
+            text = "-" if value is None or pd.isna(value) else (f"{value:.1%}" if unit == "%" else f"{value:.3f} {unit}")
+            col.metric(label, text.strip(), help=f"on the {clock}" if unit in ("s", "ms") else None)
 
     steps = ds.q("ui_request_steps", run_id=run, rid=rid)
     if steps.empty:

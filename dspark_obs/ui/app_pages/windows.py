@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dspark_obs.ui import charts, widgets
+from dspark_obs.ui import charts, verdicts, widgets
 
 ds, f = widgets.context()
 st.title("Windows and budgets")
@@ -21,7 +21,8 @@ with widgets.guard("Windows"):
         widgets.show_chart(charts.window_by_workload(summary), key="windows-by-workload")
         widgets.show_chart(charts.verify_len_distribution(dist), key="windows-distribution")
         if summary["utilisation"].notna().any():
-            widgets.show_chart(charts.utilisation_by_workload(summary), key="windows-utilisation")
+            limit = verdicts.report_limits(ds, f).get("utilisation", (None, None))[0]
+            widgets.show_chart(charts.utilisation_by_workload(summary, limit=limit), key="windows-utilisation")
             widgets.show_chart(charts.utilisation_by_window(dist), key="windows-utilisation-by-window")
         else:
             widgets.needs_table(ds, "ceiling", "dspark-obs estimate --data {data}",

@@ -7,7 +7,7 @@ title, axis titles with units, and a one-line caption in
 from :mod:`dspark_obs.ui.palette`.
 """
 
-from dspark_obs.ui.charts._base import as_frame, caption_of
+from dspark_obs.ui.charts._base import as_frame, caption_of, name_clock
 from dspark_obs.ui.charts.calibration import (calibration_metrics, recalibration_held_out, reliability_diagram,
                                              sts_before_after)
 from dspark_obs.ui.charts.ceiling import (
@@ -20,7 +20,9 @@ from dspark_obs.ui.charts.costmodel import (
 )
 from dspark_obs.ui.charts.health import expected_vs_actual
 from dspark_obs.ui.charts.requests import confidence_heatmap, request_timeline, token_logprobs
-from dspark_obs.ui.charts.throughput import per_user_by_workload, throughput_curves
+from dspark_obs.ui.charts.compare import compare_deltas
+from dspark_obs.ui.charts.sweep import sweep_throughput, trim_gap_by_batch, trim_gap_frame
+from dspark_obs.ui.charts.throughput import latency_percentiles, per_user_by_workload, throughput_curves
 from dspark_obs.ui.charts.windows import (
     budget_timeline, utilisation_by_window, utilisation_by_workload, verify_len_distribution, window_by_workload,
     window_summary,
@@ -29,7 +31,7 @@ from dspark_obs.ui.charts.windows import (
 __all__ = [
     "expected_vs_actual",
     "recalibration_held_out",
-    "as_frame", "caption_of",
+    "as_frame", "caption_of", "name_clock",
     "accept_vs_ceiling", "acceptance_by_position", "estimate_categories", "validation_scatter",
     "validation_coverage", "validation_bias",
     "window_summary", "window_by_workload", "verify_len_distribution", "utilisation_by_window",
@@ -37,6 +39,7 @@ __all__ = [
     "reliability_diagram", "calibration_metrics", "sts_before_after",
     "table_from_fit", "predict_cells", "curve_frame", "costmodel_raw_vs_fitted", "predicted_vs_measured",
     "residuals_by_batch", "error_by_batch",
-    "throughput_curves", "per_user_by_workload",
+    "throughput_curves", "per_user_by_workload", "latency_percentiles",
+    "sweep_throughput", "trim_gap_frame", "trim_gap_by_batch", "compare_deltas",
     "request_timeline", "confidence_heatmap", "token_logprobs",
 ]

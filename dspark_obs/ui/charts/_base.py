@@ -19,7 +19,12 @@ import pyarrow as pa
 from dspark_obs.ui.palette import TEMPLATE_NAME
 
 __all__ = ["as_frame", "new_figure", "caption_of", "no_data", "require_columns", "finite", "sorted_workloads",
-           "legend_right", "legend_key", "axis_titles"]
+           "legend_right", "legend_key", "axis_titles", "clock_of", "log2_ticks", "draw_limit", "run_colors", "name_clock"]
+
+LIMIT_COLOR = "#C62828"
+_RUN_COLORS = ("#111111", "#E69F00", "#0072B2", "#CC79A7", "#009E73", "#D55E00")
+
+CLOCK_NAMES = {"wall": "wall clock", "virtual": "virtual clock"}
 
 
 def as_frame(data: Any) -> pd.DataFrame:
@@ -118,3 +123,49 @@ def sorted_workloads(values: Sequence[Any]) -> list[str]:
     """Workloads in display order: '*' first, then alphabetical, 'unknown' last."""
     names = {str(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))}
     return sorted(names, key=lambda w: (w != "*", w == "unknown", w))
+
+
+def clock_of(df: pd.DataFrame, builder: str) -> str:
+    """The one clock a throughput/latency frame is on, as axis text ('virtual clock', 'wall clock').
+
+    A figure never mixes clocks: a frame with both raises (split it by ``clock``
+    first); a frame without the column is on the wall clock.
+    """
+    if "clock" not in df.columns or df.empty:
+        return CLOCK_NAMES["wall"]
+    clocks = sorted({str(c) for c in df["clock"].dropna()}) or ["wall"]
+    if len(clocks) > 1:
+        raise ValueError(f"{builder}: the frame mixes clocks {clocks}; draw one figure per clock")
+    return CLOCK_NAMES.get(clocks[0], f"{clocks[0]} clock")
+
+
+def log2_ticks(values: Iterable[Any]) -> dict[str, Any]:
+    """Axis settings for a log2 integer axis (concurrency, batch): ticks only at the values present."""
+    ticks = sorted({int(v) for v in values if finite(v)})
+    return dict(type="log", tickmode="array", tickvals=ticks, ticktext=[str(t) for t in ticks])
+
+
+def draw_limit(fig: go.Figure, value: float | None, kind: str | None, *, row: int | None = None,
+               col: int | None = None, percent: bool = False) -> None:
+    """The threshold a figure is gated on, as a dashed line labelled 'limit <= 0.05' (or '>=')."""
+    if value is None or not finite(value):
+        return
+    side = {"max": "<=", "min": ">="}.get(str(kind), "")
+    text = f"limit {side} {value:.0%}" if percent else f"limit {side} {value:.3g}"
+    where = {} if row is None else {"row": row, "col": col}
+    fig.add_hline(y=float(value), line=dict(color=LIMIT_COLOR, dash="dash", width=1.5), annotation_text=text,
+                  annotation_position="top right", annotation_font=dict(size=11, color=LIMIT_COLOR), **where)
+
+
+def run_colors(runs: Iterable[Any]) -> dict[str, str]:
+    """A distinct colour per run, in order (two runs never share one)."""
+    names = list(dict.fromkeys(str(r) for r in runs))
+    return {r: _RUN_COLORS[i % len(_RUN_COLORS)] for i, r in enumerate(names)}
+
+
+def name_clock(fig: go.Figure, clock: str) -> go.Figure:
+    """Append the clock (``'virtual clock'``) to a timing figure's title and caption, for builders whose frame
+    carries no ``clock`` column (the page knows the runs' clock)."""
+    fig.update_layout(title_text=f"{fig.layout.title.text} ({clock})",
+                      meta={"caption": f"Times on the {clock}. {caption_of(fig)}"})
+    return fig

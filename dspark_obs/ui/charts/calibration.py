@@ -13,7 +13,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dspark_obs.ui.charts._base import as_frame, legend_right, new_figure, no_data, require_columns, sorted_workloads
+from dspark_obs.ui.charts._base import (as_frame, draw_limit, legend_right, new_figure, no_data, require_columns,
+                                        sorted_workloads)
 from dspark_obs.ui.palette import label_color, workload_color
 
 __all__ = ["reliability_diagram", "calibration_metrics", "sts_before_after", "recalibration_held_out",
@@ -101,12 +102,14 @@ def reliability_diagram(data, *, color_by: str = "labels", max_positions: int = 
     return legend_right(fig)
 
 
-def calibration_metrics(data, *, metrics=("ece", "brier", "auroc"), color_by: str = "labels") -> go.Figure:
+def calibration_metrics(data, *, metrics=("ece", "brier", "auroc"), color_by: str = "labels",
+                        limits: dict | None = None) -> go.Figure:
     """Calibration metrics by draft position, one panel per metric; ECE with its bootstrap CI.
 
     Columns: position, labels, workload, the metric columns, and ece_ci_lo /
     ece_ci_hi for the ECE error bars.  Pass one run and one workload
     (``color_by="labels"``) or one label kind (``color_by="workload"``).
+    ``limits``: ``{metric: (value, 'max' | 'min')}``, the thresholds a report gates on, drawn in their panels.
     """
     df = as_frame(data)
     unknown = [m for m in metrics if m not in METRICS]
@@ -140,6 +143,8 @@ def calibration_metrics(data, *, metrics=("ece", "brier", "auroc"), color_by: st
         fig.update_xaxes(dtick=1, title_text="draft position k", row=1, col=col)
         if METRICS[metric][1]:
             fig.update_yaxes(tickformat=".1%", rangemode="tozero", row=1, col=col)
+        value, kind = (limits or {}).get(metric, (None, None))
+        draw_limit(fig, value, kind, row=1, col=col, percent=bool(METRICS[metric][1]))
     return legend_right(fig) if len(metrics) > 1 else fig
 
 

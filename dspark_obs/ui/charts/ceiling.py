@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from dspark_obs.ui.charts._base import (
-    as_frame, legend_key, legend_right, new_figure, no_data, require_columns, sorted_workloads,
+    as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, run_colors, sorted_workloads,
 )
 from dspark_obs.ui.palette import category_color, mode_dash, mode_pattern, workload_color
 
@@ -74,7 +74,7 @@ def accept_vs_ceiling(data, *, include_all: bool = False) -> go.Figure:
         fig.add_scatter(
             x=list(known.index), y=mid, mode="markers", name=f"{run}: full-block ceiling ({source})",
             showlegend=False,
-            marker=dict(symbol="diamond", size=11, color="#111111", line=dict(color="white", width=1)),
+            marker=_ceiling_marker(source),
             error_y=dict(type="data", array=(hi - mid).clip(lower=0), arrayminus=(mid - lo).clip(lower=0),
                          color="#111111", thickness=1.5, width=6),
             offsetgroup=str(run), legendgroup=str(run),
@@ -84,11 +84,18 @@ def accept_vs_ceiling(data, *, include_all: bool = False) -> go.Figure:
                    pattern_shape=mode_pattern(str(sub["mode"].iloc[0])), line=dict(color="white", width=0.5))
     for source in sorted(sources):
         legend_key(fig, f"full-block ceiling ({source}" + (", [lo, hi])" if source == "estimate" else ")"),
-                   kind="marker", symbol="diamond", size=11, color="#111111")
+                   kind="marker", **_ceiling_marker(source))
     fig.update_layout(barmode="group", scattermode="group", bargap=0.25)
     fig.update_xaxes(type="category", categoryorder="array", categoryarray=order)
     fig.update_yaxes(rangemode="tozero")
     return legend_right(fig)
+
+
+def _ceiling_marker(source: str) -> dict:
+    """Exact ceilings (cap-accept, static) filled, estimates open: two sources never share a legend symbol."""
+    if source == "exact":
+        return dict(symbol="diamond", size=11, color="#111111", line=dict(color="white", width=1))
+    return dict(symbol="diamond-open", size=11, color="#111111", line=dict(color="#111111", width=2))
 
 
 def acceptance_by_position(data) -> go.Figure:
@@ -218,10 +225,11 @@ def validation_scatter(data) -> go.Figure:
     return fig
 
 
-def validation_coverage(data) -> go.Figure:
+def validation_coverage(data, *, limit: float | None = None) -> go.Figure:
     """Share of censored steps whose truth lies in the estimate's [lo, hi], per bin of the estimate.
 
     Columns: run_id, group_kind, bin, n, mean_mid, coverage, and optionally emu_coverage.
+    ``limit``: the coverage the report gates on (``estimator_coverage`` min), drawn.
     """
     df = as_frame(data)
     require_columns(df, ["run_id", "group_kind", "bin", "n", "mean_mid", "coverage"], "validation_coverage")
@@ -236,16 +244,18 @@ def validation_coverage(data) -> go.Figure:
     bins = _bins(df)
     if bins.empty:
         return no_data(fig, "No binned validation rows")
+    colors = run_colors(bins["run_id"])
     for run, sub in bins.groupby("run_id", sort=False):
         labels = [f"{int(b)}: {m:.2f}" for b, m in zip(sub["bin"], sub["mean_mid"])]
-        fig.add_bar(x=labels, y=sub["coverage"], name=f"{run}: realised truth", marker_color="#111111",
+        fig.add_bar(x=labels, y=sub["coverage"], name=f"{run}: realised truth", marker_color=colors[str(run)],
                     customdata=sub["n"], hovertemplate="%{y:.1%} of %{customdata} steps<extra></extra>")
         if "emu_coverage" in sub.columns and sub["emu_coverage"].notna().any():
             fig.add_bar(x=labels, y=sub["emu_coverage"], name=f"{run}: emulator expectation",
                         marker_color="#6A51A3", hovertemplate="%{y:.1%}<extra></extra>")
     fig.update_layout(barmode="group")
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05])
-    return fig
+    draw_limit(fig, limit, "min", percent=True)
+    return legend_right(fig)
 
 
 def validation_bias(data) -> go.Figure:

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dspark_obs.ui.charts._base import (
-    as_frame, legend_key, legend_right, new_figure, no_data, require_columns, sorted_workloads,
+    as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, sorted_workloads,
 )
 from dspark_obs.ui.palette import mode_color, mode_dash, mode_pattern, workload_color
 
@@ -170,10 +170,11 @@ def utilisation_by_window(data) -> go.Figure:
     return fig
 
 
-def utilisation_by_workload(summary) -> go.Figure:
+def utilisation_by_workload(summary, *, limit: float | None = None) -> go.Figure:
     """Utilisation against the full-block ceiling per workload and run, with the write-up's range.
 
     Columns: run_id, mode, workload, utilisation (from :func:`window_summary`).
+    ``limit``: the utilisation the report gates on (its min), drawn.  Bars start at 0.
     """
     df = as_frame(summary)
     require_columns(df, ["run_id", "mode", "workload", "utilisation"], "utilisation_by_workload")
@@ -189,10 +190,10 @@ def utilisation_by_workload(summary) -> go.Figure:
                   annotation_font=dict(size=11, color="#6B6B6B"))
     _grouped_bars(fig, df, "utilisation", "%{y:.1%}",
                   text=lambda s: [f"{v:.1%}" if pd.notna(v) else "" for v in s["utilisation"]])
-    low = float(np.nanmin(df["utilisation"].to_numpy(dtype=float)))
-    fig.update_yaxes(tickformat=".0%", range=[max(0.0, min(low, lo) - 0.1), 1.04])
+    fig.update_yaxes(tickformat=".0%", range=[0.0, 1.04])  # a bar's length is its value: from 0
     fig.update_layout(barmode="group", bargap=0.25)
-    return fig
+    draw_limit(fig, limit, "min", percent=True)
+    return legend_right(fig)
 
 
 def budget_timeline(data) -> go.Figure:

@@ -1,0 +1,114 @@
+"""Every dashboard page in Chromium with two runs selected (in the URL): layout, assets and clocks.
+
+On the full sample store (a compact run, its cap-accept companion, a small
+sweep of the four methods and a report) every page is opened with
+``?runs=sample-compact&runs=sample-cap-accept`` and checked for:
+
+* no overlap between any two of a chart's title, legend, axis titles and
+  subplot titles (their bounding boxes in the rendered SVG);
+* no request leaving the dashboard's own origin (Playwright's request log);
+* the clock (``wall clock`` / ``virtual clock``) named on every throughput and
+  latency chart;
+* no error or exception.
+
+Screenshots of every page go to ``$DSPARK_OBS_SCREENSHOTS`` (default: a tmp dir).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dspark_obs.ui.sample import SAMPLE_RUNS
+
+from .test_dashboard_browser import ERRORS, LOAD_TIMEOUT_MS, _screenshot
+
+TWO_RUNS = "?runs=sample-compact&runs=sample-cap-accept"
+# url path -> charts the page draws with the two sample runs selected
+PAGES = {
+    "": 2, "ceiling": 6, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 5, "requests": 3,
+    "compare": 1, "sql_console": 0,
+}
+# Titles of the charts that show a throughput or a latency: each must name its clock.
+TIMED = ("throughput", "latency", "per-user", "speed", "step time")
+
+_BOXES_JS = """
+() => [...document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot')].map(plot => {
+    const box = el => { const r = el.getBoundingClientRect();
+                        return {x0: r.left, y0: r.top, x1: r.right, y1: r.bottom, text: el.textContent.trim()}; };
+    const svg = plot.querySelector('.main-svg:last-of-type') || plot;
+    const parts = [];
+    const title = plot.querySelector('.g-gtitle .gtitle');
+    if (title) parts.push({kind: 'title', ...box(title)});
+    const legend = plot.querySelector('.legend .bg');
+    if (legend && legend.getBoundingClientRect().width > 0) parts.push({kind: 'legend', ...box(legend)});
+    plot.querySelectorAll('[class^="g-x"][class$="title"] text, [class^="g-y"][class$="title"] text')
+        .forEach(t => { if (t.textContent.trim()) parts.push({kind: 'axis title', ...box(t)}); });
+    plot.querySelectorAll('.infolayer .annotation').forEach(a => {
+        const t = a.textContent.trim();
+        if (t && !t.startsWith('limit') && !t.startsWith('No ')) parts.push({kind: 'subplot title', ...box(a)});
+    });
+    return {title: title ? title.textContent : '', text: plot.textContent, parts};
+})
+"""
+
+
+def _overlaps(parts: list[dict], tolerance: float = 1.0) -> list[tuple[str, str]]:
+    """Pairs of chart elements whose boxes intersect by more than ``tolerance`` px each way."""
+    found = []
+    for i, a in enumerate(parts):
+        for b in parts[i + 1:]:
+            w = min(a["x1"], b["x1"]) - max(a["x0"], b["x0"])
+            h = min(a["y1"], b["y1"]) - max(a["y0"], b["y0"])
+            if w > tolerance and h > tolerance:
+                found.append((f"{a['kind']} '{a['text'][:40]}'", f"{b['kind']} '{b['text'][:40]}'"))
+    return found
+
+
+@pytest.fixture(scope="module")
+def sample_root(tmp_path_factory):
+    from dspark_obs.ui.sample import build_sample_store
+
+    return build_sample_store(tmp_path_factory.getbasetemp() / "ui-sample-full", sweep=True, report=True)
+
+
+@pytest.fixture(scope="module")
+def page(dashboard_url, browser):  # the store (built with asyncio) before the Playwright loop
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.external = []
+    pg.page_errors = []
+    origin = dashboard_url.rstrip("/")
+    pg.on("request", lambda req: pg.external.append(req.url)
+          if not req.url.startswith((origin, "data:", "blob:", "about:")) else None)
+    pg.on("pageerror", lambda exc: pg.page_errors.append(str(exc)))
+    yield pg
+    context.close()
+
+
+def _settle(page, charts: int) -> None:
+    page.wait_for_selector('[data-testid="stApp"][data-test-script-state="notRunning"]', timeout=LOAD_TIMEOUT_MS)
+    page.wait_for_function(
+        """n => document.querySelectorAll('[data-testid="stPlotlyChart"] .js-plotly-plot .main-svg').length >= n
+               && !document.querySelector('[data-testid="stSkeleton"]')""", arg=charts, timeout=LOAD_TIMEOUT_MS)
+    page.wait_for_timeout(300)  # let Plotly finish laying out legends and titles
+
+
+@pytest.mark.parametrize("path", list(PAGES), ids=[p or "overview" for p in PAGES])
+def test_page_with_two_runs_has_no_overlap_no_external_request_and_names_its_clock(page, dashboard_url,
+                                                                                  screenshot_dir, path):
+    page.external.clear()
+    page.goto(f"{dashboard_url}/{path}{TWO_RUNS}")
+    _settle(page, PAGES[path])
+    errors = [e.inner_text()[:300] for e in page.locator(ERRORS).all()]
+    assert not errors, errors
+    assert page.locator('[data-testid="stPlotlyChart"]').count() == PAGES[path]
+    runs_filter = page.locator('[data-testid="stSidebar"] [data-testid="stMultiSelect"]').first.inner_text()
+    assert all(run in runs_filter for run in SAMPLE_RUNS.values()), runs_filter  # the two runs, from the URL
+    assert "sample-sweep" not in runs_filter, runs_filter
+    for chart in page.evaluate(_BOXES_JS):
+        assert not _overlaps(chart["parts"]), (path, chart["title"], _overlaps(chart["parts"]))
+        if any(word in chart["title"].lower() for word in TIMED):
+            assert "wall clock" in chart["text"] or "virtual clock" in chart["text"], (path, chart["title"])
+    _screenshot(page, screenshot_dir / f"{path or 'overview'}.png")
+    assert not page.external, page.external
+    assert not page.page_errors, page.page_errors
