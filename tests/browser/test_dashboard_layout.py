@@ -25,7 +25,7 @@ from .test_dashboard_browser import ERRORS, LOAD_TIMEOUT_MS, _screenshot
 TWO_RUNS = "?runs=sample-compact&runs=sample-cap-accept"
 # url path -> charts the page draws with the two sample runs selected
 PAGES = {
-    "": 2, "ceiling": 6, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 5, "requests": 3,
+    "": 3, "ceiling": 6, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 5, "requests": 3,
     "compare": 1, "sql_console": 0,
 }
 # Titles of the charts that show a throughput or a latency: each must name its clock.
