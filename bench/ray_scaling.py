@@ -1,6 +1,6 @@
 """Scaling of ``--engine ray``: the shipped commands with 1 and 2 Ray workers beside the local path.
 
-    python -m bench.ray_scaling [--rows 1000000] [--workdir DIR] [--json OUT]
+    python -m bench.ray_scaling [--rows 1000000] [--repeat 1] [--workdir DIR] [--json OUT]
 
 Generates a store (``bench.gen_store``), copies it once per configuration, and
 times, as processes, what a user runs::
@@ -8,7 +8,8 @@ times, as processes, what a user runs::
     dspark-obs estimate  --data COPY --run bench [--engine ray --ray-workers N]
     dspark-obs calibrate --data COPY --run bench --labels observed [...]
 
-for ``local``, ``ray`` with 1 worker and ``ray`` with 2.  Also timed: a bare
+for ``local``, ``ray`` with 1 worker and ``ray`` with 2, interleaved ``--repeat``
+times (medians reported: a shared machine's load moves during the run).  Also timed: a bare
 ``ray.init(num_cpus=N); ray.shutdown()`` (the fixed cost each Ray command pays
 here), so the per-row work can be told from the start-up.  Afterwards the
 tables the Ray runs wrote are compared with the local ones (``equal``: per-step
@@ -27,6 +28,7 @@ import math
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,7 +98,7 @@ def _tables_equal(a: Path, b: Path) -> dict:
     return out
 
 
-def run(rows: int, workdir: Path) -> dict:
+def run(rows: int, workdir: Path, *, repeat: int = 1) -> dict:
     from bench.gen_store import generate
 
     base = workdir / "store"
@@ -105,23 +107,26 @@ def run(rows: int, workdir: Path) -> dict:
     result: dict = {"rows": rows, "machine": machine(), "ray_start": {}, "runs": {}}
     for name, _ in CONFIGS[1:]:
         result["ray_start"][name] = ray_start_cost(int(name.split("-")[1]))
-    for name, flags in CONFIGS:
-        data = workdir / name
-        shutil.rmtree(data, ignore_errors=True)
-        shutil.copytree(base, data)
+    for name, _ in CONFIGS:
+        shutil.rmtree(workdir / name, ignore_errors=True)
+        shutil.copytree(base, workdir / name)
+    for attempt in range(repeat):   # configurations interleaved, so a change of the machine's load hits all
         for command, args in COMMANDS.items():
-            figure = timed([*_cli(), *args, "--data", str(data), *flags])
-            figure["rows_per_s_wall"] = round(rows / figure["wall_s"])
-            result["runs"][f"{command}.{name}"] = figure
-            print(f"{command:9s} {name:6s} {figure['wall_s']:7.1f} s wall  {figure['rows_per_s_wall']:>9,} rows/s  "
-                  f"{figure['cpu_s']:7.1f} CPU s  load {figure['load_1m_before']}", flush=True)
+            for name, flags in CONFIGS:
+                figure = timed([*_cli(), *args, "--data", str(workdir / name), *flags])
+                result["runs"].setdefault(f"{command}.{name}", []).append(figure)
+                print(f"{command:9s} {name:6s} {figure['wall_s']:7.1f} s wall  {rows / figure['wall_s']:>9,.0f} rows/s  "
+                      f"{figure['cpu_s']:7.1f} CPU s  load {figure['load_1m_before']}", flush=True)
+    for key, figures in result["runs"].items():
+        wall = statistics.median(f["wall_s"] for f in figures)
+        result["runs"][key] = {"wall_s_median": wall, "rows_per_s_wall": round(rows / wall), "attempts": figures}
     for name, _ in CONFIGS[1:]:
         result[f"equal.{name}"] = _tables_equal(workdir / "local", workdir / name)
     for command in COMMANDS:
         r1, r2 = result["runs"][f"{command}.ray-1"], result["runs"][f"{command}.ray-2"]
-        result[f"{command}.speedup_1_to_2"] = round(r1["wall_s"] / r2["wall_s"], 3)
+        result[f"{command}.speedup_1_to_2"] = round(r1["wall_s_median"] / r2["wall_s_median"], 3)
         start = {k: v["wall_s"] for k, v in result["ray_start"].items()}
-        w1, w2 = r1["wall_s"] - start["ray-1"], r2["wall_s"] - start["ray-2"]
+        w1, w2 = r1["wall_s_median"] - start["ray-1"], r2["wall_s_median"] - start["ray-2"]
         result[f"{command}.speedup_1_to_2_after_start"] = round(w1 / w2, 3) if w2 > 0 else None
     return result
 
@@ -131,10 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--repeat", type=int, default=1, help="attempts per configuration (medians are reported)")
     args = ap.parse_args(argv)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dspark-ray-scaling-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    result = run(args.rows, workdir)
+    result = run(args.rows, workdir, repeat=args.repeat)
     for command in COMMANDS:
         print(f"{command}: 1 -> 2 Ray workers {result[f'{command}.speedup_1_to_2']}x wall "
               f"({result[f'{command}.speedup_1_to_2_after_start']}x after Ray's start-up)")
