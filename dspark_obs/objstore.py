@@ -36,7 +36,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from dspark_obs import schema
+from dspark_obs import fleet, schema
 from dspark_obs.store import Store, _conform, _read_schema, _staged_dir, validate_run_id
 
 __all__ = ["ObjectStore", "open_store", "is_url", "connect_sql", "default_writer_id"]
@@ -46,10 +46,6 @@ _WRITER_RE = re.compile(r"[A-Za-z0-9_.]+")
 _PARTITIONING = ds.partitioning(pa.schema([("run_id", pa.string())]), flavor="hive")
 
 
-def _hidden(path: str, table_root: str) -> bool:
-    """A file below a ``_`` or ``.`` directory of the table (staged, temporary): not for readers."""
-    return any(part[:1] in "_." for part in path[len(table_root):].strip("/").split("/")[:-1])
-
 
 def is_url(out: str) -> bool:
     """True for an object-store URL (``s3://``, ``gs://``, ...); a plain path or ``file://`` is local."""
@@ -57,25 +53,34 @@ def is_url(out: str) -> bool:
     return len(scheme) > 1 and scheme != "file"
 
 
+def checked_writer_id(writer_id: str | None) -> str:
+    """``writer_id`` (default ``<host>.<pid>``) if it is safe in a file name, else ValueError."""
+    writer_id = writer_id or default_writer_id()
+    if not _WRITER_RE.fullmatch(writer_id):
+        raise ValueError(f"writer id {writer_id!r}: use letters, digits, '_' and '.'")
+    return writer_id
+
+
 def default_writer_id() -> str:
     host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
     return f"{host}.{os.getpid()}"
 
 
-def open_store(out: Union[str, Path], *, writer_id: str | None = None) -> Union[Store, "ObjectStore"]:
-    """The store behind ``--out``: local directory or object-store URL."""
+def open_store(out: Union[str, Path], *, writer_id: str | None = None,
+               layout: str = "flat") -> Union[Store, "ObjectStore"]:
+    """The store behind ``--out``: local directory or object-store URL; ``layout`` for what it writes."""
     if is_url(str(out)):
-        return ObjectStore(str(out), writer_id=writer_id)
+        return ObjectStore(str(out), writer_id=writer_id, layout=layout)
     if str(out).startswith("file://"):
         out = urlsplit(str(out)).path
-    return Store(out)
+    return Store(out, layout=layout, writer_id=writer_id)
 
 
 class ObjectStore:
     """Partitioned Parquet tables under an object-store URL (see the module docstring)."""
 
-    def __init__(self, url: str, *, writer_id: str | None = None,
-                 filesystem: pafs.FileSystem | None = None) -> None:
+    def __init__(self, url: str, *, writer_id: str | None = None, filesystem: pafs.FileSystem | None = None,
+                 layout: str = "flat") -> None:
         self.url = url
         if filesystem is None:
             filesystem, base = pafs.FileSystem.from_uri(url)
@@ -84,9 +89,12 @@ class ObjectStore:
         self.fs = filesystem
         self.base = base.rstrip("/")
         self.scheme = urlsplit(url).scheme
-        self.writer_id = writer_id or default_writer_id()
-        if not _WRITER_RE.fullmatch(self.writer_id):
-            raise ValueError(f"writer id {self.writer_id!r}: use letters, digits, '_' and '.'")
+        self.writer_id = checked_writer_id(writer_id)
+        if layout not in fleet.LAYOUTS:
+            raise ValueError(f"layout {layout!r} is not one of {', '.join(fleet.LAYOUTS)}")
+        self.layout = layout
+        self._fleet = (fleet.FleetWriter(self.fs, self.base, self.writer_id, atomic_rename=False)
+                       if layout == "fleet" else None)
 
     def __repr__(self) -> str:
         return f"ObjectStore({self.url!r}, writer_id={self.writer_id!r})"
@@ -114,6 +122,8 @@ class ObjectStore:
         data = _conform(table, run_id, rows)
         if data.num_rows == 0:
             return None
+        if self._fleet is not None and table in fleet.FLEET_TABLES:
+            return self._fleet.write(table, run_id, data)[0]
         return self._put(f"{self._partition(table, run_id)}/{self._part_name()}", data)
 
     def upsert_run(self, run_id: str, **fields) -> str:
@@ -136,11 +146,12 @@ class ObjectStore:
         """Delete one run's partition of ``table`` (every writer's files); returns the objects deleted."""
         validate_run_id(run_id)
         root = self._partition(table, run_id)
-        infos = self.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
-        files = [i.path for i in infos if i.type == pafs.FileType.File and not _hidden(i.path, root)]
+        removed = fleet.forget_table(self.fs, self.base, table, run_id)
+        infos = self.fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        files = [i.path for i in infos if i.type == pafs.FileType.File]
         for path in files:  # staged batches (``_staged-*/``) stay
             self.fs.delete_file(path)
-        return len(files)
+        return len(files) + removed
 
     # -- staged writes (Store's contract: invisible until committed) --------------
 
@@ -170,6 +181,11 @@ class ObjectStore:
     # -- reading ---------------------------------------------------------------
 
     def _files(self, table: str, run_id: str | None) -> list[str]:
+        """Part files readers see: the old layout's, then the fleet layout's committed ones."""
+        flat = self._flat_files(table, run_id)
+        return sorted(flat + fleet.committed_files(self.fs, self.base, table=table, run_id=run_id))
+
+    def _flat_files(self, table: str, run_id: str | None) -> list[str]:
         root = f"{self.base}/{table}" if run_id is None else self._partition(table, run_id)
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True))
@@ -177,7 +193,7 @@ class ObjectStore:
             return []
         files = sorted(i.path for i in infos if i.type == pafs.FileType.File
                        and re.fullmatch(r"part-.*\.parquet", i.base_name)
-                       and "/run_id=" in i.path and not _hidden(i.path, f"{self.base}/{table}"))
+                       and re.fullmatch(r"run_id=[^/]+", i.path[len(self.base) + len(table) + 2:].rsplit("/", 1)[0]))
         if table == "runs":
             newest: dict[str, str] = {}
             for p in files:

@@ -36,6 +36,7 @@ SQL_DIR = Path(__file__).with_name("sql")
 MACRO_DIR = SQL_DIR / "macros"
 _ROOT_VAR = "dspark_obs_root"
 _FILLED_VAR = "dspark_obs_filled"  # tables whose view reads files (the rest are empty views)
+_FLEET_VAR = "dspark_obs_fleet"    # the fleet layout's manifest fingerprint the views were made with
 _READ_ONLY_VAR = "dspark_obs_read_only"
 _PARAM_DEFAULT = re.compile(r"^--\s+\$(\w+)\b.*?\bdefault\s+(NULL|-?\d+(?:\.\d+)?|'[^']*')", re.I)
 
@@ -91,6 +92,7 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
         con.register_filesystem(objstore.fsspec_filesystem(store))
     con.execute(f"SET VARIABLE {_ROOT_VAR} = {_quote_literal(str(root) if remote else root_text)}")
     con.execute(f"SET VARIABLE {_FILLED_VAR} = []::VARCHAR[]")
+    con.execute(f"SET VARIABLE {_FLEET_VAR} = ''")
     con.execute(f"SET VARIABLE {_READ_ONLY_VAR} = {str(read_only).lower()}")
     refresh(con)
     for path in sorted(MACRO_DIR.glob("*.sql")):  # table macros over the views (bound when called)
@@ -142,13 +144,34 @@ def _object_store(url: str):
 
 
 def _tables_with_files(root: str) -> set[str]:
+    """Tables with part files in the old (flat) layout: directly under ``run_id=<id>/``."""
     from dspark_obs import objstore
 
     if objstore.is_url(root):
         store = _object_store(root)
-        return {t for t in schema.TABLES if store._files(t, None)}
+        return {t for t in schema.TABLES if store._flat_files(t, None)}
     base = Path(root)
     return {t for t in schema.TABLES if next(base.glob(f"{t}/*/{PART_GLOB}"), None) is not None}
+
+
+def _fleet_state(root: str) -> tuple[str, dict[str, list[str]]]:
+    """The fleet layout's manifest fingerprint and committed files per table, as DuckDB paths."""
+    import pyarrow.fs as pafs
+
+    from dspark_obs import fleet, objstore
+
+    if objstore.is_url(root):
+        store = _object_store(root)
+        fs, base, prefix = store.fs, store.base, f"{store.scheme}://"
+    else:
+        if not (Path(root) / fleet.MANIFEST_DIR).is_dir():
+            return "", {}
+        fs, base, prefix = pafs.LocalFileSystem(), str(Path(root).resolve()), ""
+    fingerprint = fleet.manifest_fingerprint(fs, base)
+    files: dict[str, list[str]] = {}
+    for path in fleet.committed_files(fs, base) if fingerprint else []:
+        files.setdefault(path[len(base) + 1:].split("/", 1)[0], []).append(prefix + path)
+    return fingerprint, files
 
 
 def refresh(con: duckdb.DuckDBPyConnection) -> None:
@@ -173,16 +196,20 @@ def refresh(con: duckdb.DuckDBPyConnection) -> None:
     filled = set(_variable(con, _FILLED_VAR) or [])
     views = _views(con)
     now_filled = _tables_with_files(root)
+    fingerprint, fleet_files = _fleet_state(root)
+    fleet_changed = fingerprint != (_variable(con, _FLEET_VAR) or "")
     if objstore.is_url(root):
         root = _object_store(root).root
-    changed = [t for t in schema.TABLES if (t in now_filled) != (t in filled) or t not in views]
+    changed = [t for t in schema.TABLES if (t in now_filled) != (t in filled) or t not in views or fleet_changed]
     for table in changed:
-        con.execute(_view_sql(con, root, table, table in now_filled))
+        con.execute(_view_sql(con, root, table, table in now_filled, fleet_files.get(table, [])))
     if changed or "step_reqs_w" not in views:
         con.execute(_STEP_REQS_W)
     if now_filled != filled:
         names = ", ".join(_quote_literal(t) for t in sorted(now_filled))
         con.execute(f"SET VARIABLE {_FILLED_VAR} = [{names}]::VARCHAR[]")
+    if fleet_changed:
+        con.execute(f"SET VARIABLE {_FLEET_VAR} = {_quote_literal(fingerprint)}")
 
 
 _STEP_REQS_W = """
@@ -204,12 +231,15 @@ def _variable(con: duckdb.DuckDBPyConnection, name: str) -> Any:
     return con.execute(f"SELECT getvariable({_quote_literal(name)})").fetchall()[0][0]
 
 
-def _view_sql(con: duckdb.DuckDBPyConnection, root: Path | str, table: str, has_files: bool) -> str:
+def _view_sql(con: duckdb.DuckDBPyConnection, root: Path | str, table: str, has_files: bool,
+              fleet_files: list[str] = ()) -> str:
     """The view of ``table``: schema columns in order, then ``run_id``.
 
     The typed empty selection is unioned by name so a column absent from every
     file (an older file version) still has the schema's type; with no files it
-    is the whole view.
+    is the whole view.  Files of the old layout are globbed (``run_id=*/part-*``);
+    files of the fleet layout are the committed ones (:mod:`dspark_obs.fleet`),
+    listed, with ``run_id`` from their path.
     """
     file_schema = schema.schema_for(table)
     types = con.from_arrow(file_schema.empty_table()).types
@@ -217,16 +247,24 @@ def _view_sql(con: duckdb.DuckDBPyConnection, root: Path | str, table: str, has_
     empty = f"SELECT {empty}, CAST(NULL AS VARCHAR) AS run_id WHERE false"
     columns = ", ".join(quote_ident(n) for n in [*file_schema.names, "run_id"])
     view = quote_ident(table)
-    if not has_files:
+    sources = []
+    if has_files:
+        glob = _quote_literal(f"{root}/{table}/*/{PART_GLOB}")
+        options = "hive_partitioning = true, union_by_name = true, hive_types = {'run_id': 'VARCHAR'}"
+        source = f"SELECT * FROM read_parquet({glob}, {options})"
+        if table == "runs":  # one row per run: while an upsert is replacing it, keep the newest file
+            source = (f"SELECT * EXCLUDE (filename) FROM read_parquet({glob}, {options}, filename = true) "
+                      "QUALIFY filename = max(filename) OVER (PARTITION BY run_id)")
+        sources.append(source)
+    if fleet_files:
+        listed = "[" + ", ".join(_quote_literal(str(p)) for p in fleet_files) + "]"
+        sources.append(f"SELECT * EXCLUDE (filename), regexp_extract(filename, '/run_id=([^/]+)/', 1) AS run_id "
+                       f"FROM read_parquet({listed}, hive_partitioning = false, union_by_name = true, filename = true)")
+    if not sources:
         return f"CREATE OR REPLACE VIEW {view} AS SELECT {columns} FROM ({empty})"
-    glob = _quote_literal(f"{root}/{table}/*/{PART_GLOB}")
-    options = "hive_partitioning = true, union_by_name = true, hive_types = {'run_id': 'VARCHAR'}"
-    source = f"SELECT * FROM read_parquet({glob}, {options})"
-    if table == "runs":  # one row per run: while an upsert is replacing it, keep the newest file
-        source = (f"SELECT * EXCLUDE (filename) FROM read_parquet({glob}, {options}, filename = true) "
-                  "QUALIFY filename = max(filename) OVER (PARTITION BY run_id)")
+    union = " UNION ALL BY NAME ".join(f"({src})" for src in sources)
     return (f"CREATE OR REPLACE VIEW {view} AS SELECT {columns} "
-            f"FROM ({source} UNION ALL BY NAME {empty})")
+            f"FROM ({union} UNION ALL BY NAME {empty})")
 
 
 # -- canned queries ----------------------------------------------------------

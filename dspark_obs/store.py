@@ -34,9 +34,10 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from dspark_obs import schema
+from dspark_obs import fleet, schema
 
 __all__ = ["Store", "RUN_ID_PATTERN", "validate_run_id", "PART_GLOB"]
 
@@ -104,8 +105,17 @@ class Store:
     0
     """
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, layout: str = "flat", writer_id: str | None = None) -> None:
         self.root = Path(root)
+        if layout not in fleet.LAYOUTS:
+            raise ValueError(f"layout {layout!r} is not one of {', '.join(fleet.LAYOUTS)}")
+        self.layout = layout
+        self._fleet = None
+        if layout == "fleet":
+            from dspark_obs.objstore import checked_writer_id
+
+            self._fleet = fleet.FleetWriter(pafs.LocalFileSystem(), str(self.root.resolve()),
+                                            checked_writer_id(writer_id), atomic_rename=True)
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r})"
@@ -128,6 +138,8 @@ class Store:
         data = _conform(table, run_id, rows)
         if data.num_rows == 0:
             return None
+        if self._fleet is not None and table in fleet.FLEET_TABLES:
+            return Path(self._fleet.write(table, run_id, data)[0])
         return self._commit(table, run_id, data, _part_name())
 
     def upsert_run(self, run_id: str, **fields) -> Path:
@@ -256,20 +268,28 @@ class Store:
     def _part_files(self, table: str, run_id: str | None) -> list[Path]:
         partition = f"run_id={run_id}" if run_id is not None else "run_id=*"
         pattern = os.path.join(glob.escape(str(self.root / table)), partition, PART_GLOB)
-        files = sorted(Path(p) for p in glob.glob(pattern))
+        files = sorted(Path(p) for p in glob.glob(pattern)) + self._fleet_files(table, run_id)
         if table == "runs":  # one row per run: the newest file wins
             newest = {p.parent: p for p in files}
             files = sorted(newest.values())
         return files
 
+    def _fleet_files(self, table: str | None, run_id: str | None) -> list[Path]:
+        """Committed files of the fleet layout (:mod:`dspark_obs.fleet`); none in a flat store."""
+        if not (self.root / fleet.MANIFEST_DIR).is_dir():
+            return []
+        base = str(self.root.resolve())
+        found = fleet.committed_files(pafs.LocalFileSystem(), base, table=table, run_id=run_id)
+        return [self.root / Path(p).relative_to(base) for p in found]
+
     def runs(self) -> list[str]:
         """Run ids that have at least one part file in any table, sorted."""
-        ids = {p.parent.name.removeprefix("run_id=") for p in self._all_part_files()}
+        ids = {_partition_value(p, "run_id") for p in self._all_part_files()}
         return sorted(ids)
 
     def tables(self) -> list[str]:
         """Tables that have at least one part file, sorted."""
-        return sorted({p.parent.parent.name for p in self._all_part_files()})
+        return sorted({p.relative_to(self.root).parts[0] for p in self._all_part_files()})
 
     def drop_run(self, table: str, run_id: str) -> int:
         """Remove one run's partition of ``table``; returns the files removed.
@@ -279,14 +299,17 @@ class Store:
         """
         validate_run_id(run_id)
         partition = self.root / table / f"run_id={run_id}"
+        removed = 0
+        if (self.root / fleet.MANIFEST_DIR).is_dir():
+            removed = fleet.forget_table(pafs.LocalFileSystem(), str(self.root.resolve()), table, run_id)
         if not partition.is_dir():
-            return 0
+            return removed
         files = [p for p in partition.iterdir() if not p.is_dir()]  # staged batches (``_staged-*/``) stay
         for path in files:
             path.unlink(missing_ok=True)
         if next(partition.iterdir(), None) is None:
             partition.rmdir()
-        return len(files)
+        return len(files) + removed
 
     def version(self) -> str:
         """A cheap fingerprint of the store's contents, for cache keys.
@@ -306,7 +329,12 @@ class Store:
 
     def _all_part_files(self) -> list[Path]:
         pattern = os.path.join(glob.escape(str(self.root)), "*", "run_id=*", PART_GLOB)
-        return sorted(Path(p) for p in glob.glob(pattern))
+        return sorted([Path(p) for p in glob.glob(pattern)] + self._fleet_files(None, None))
+
+
+def _partition_value(path: Path, key: str) -> str:
+    """The value of hive partition ``key`` in ``path`` (``run_id=a/...`` -> ``a``)."""
+    return next(part.removeprefix(f"{key}=") for part in path.parts if part.startswith(f"{key}="))
 
 
 def _staged_dir(batch: str) -> str:

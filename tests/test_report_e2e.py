@@ -170,7 +170,7 @@ def test_unusable_input_exits_2_with_one_line(store_root, tmp_path):
         (["--data", str(store_root), "--since", "tomorrow"], "--since: duration 'tomorrow'"),
         (["--data", str(store_root), "--run", "night-2", "--baseline", "nope"], "--baseline nope: no such run"),
         (["--data", str(store_root), "--thresholds", str(bad_toml)], "not valid TOML"),
-        (["--data", "s3://bucket/data"], "the report reads a local store"),
+        (["--data", "s3://bucket/data"], "cannot reach the object store"),
     ]
     for args, message in cases:
         result = _report(*args, "--out", str(tmp_path / "out"), "--no-png", "--no-history")

@@ -128,8 +128,14 @@ def build_report(opts: ReportOptions) -> ReportResult:
     if not remote and not root.is_dir():
         raise InputError(f"--data {root} is a file; pass the data root directory of the store")
     now = (opts.now or _dt.datetime.now(_dt.timezone.utc)).astimezone(_dt.timezone.utc)
-    store = open_store(root)
-    con = connect(root)
+    try:
+        store = open_store(root)
+        con = connect(root)
+    except (OSError, duckdb.Error) as exc:
+        if not remote:
+            raise
+        raise InputError(f"--data {root}: cannot reach the object store ({str(exc).splitlines()[0][:200]}); check "
+                         "the bucket and the URL's endpoint_override, region and credentials") from None
     sel = select_runs(read_runs(con, root), runs=opts.runs, since=opts.since, baseline=opts.baseline,
                       baseline_since=opts.baseline_since, now=now)
     involved = [r.run_id for r in [*sel.runs, *sel.baseline]]

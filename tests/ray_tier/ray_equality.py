@@ -125,3 +125,19 @@ def test_report_on_ray_gates_as_the_local_report(demo_store, tmp_path, ray_engin
         for u, v in ((a["value"], b["value"]), (a["ci"]["low"], b["ci"]["low"]), (a["ci"]["high"], b["ci"]["high"]),
                      (a["verdict"], b["verdict"])):
             assert u == v or (isinstance(u, float) and v == pytest.approx(u, rel=1e-9, abs=1e-12)), (key, u, v)
+
+
+def test_the_nightly_report_on_ray_over_s3(demo_store, tmp_path, s3_endpoint, ray_engine):
+    """The fleet recipe's nightly command on an s3:// store: the stages run on Ray, results go back to S3."""
+    import json
+
+    url = (f"s3://ray-tier/nightly?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"
+           "&allow_bucket_creation=true")
+    upload(demo_store, url, tables=INPUTS)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["report", "--data", url, "--run", "demo-compact-s0", "--out", str(out),
+                                      "--no-png", "--bootstrap", "100", "--engine", "ray"])
+    assert result.exit_code in (0, 1), result.output
+    summary = json.loads((out / "summary.json").read_text())
+    assert len(summary["figures"]) > 10
+    assert ObjectStore(url).read("ceiling_summary", "demo-compact-s0").num_rows > 0
