@@ -3,7 +3,7 @@
 A resample draws requests with replacement; its metrics are those of the
 request-steps it drew (steps of one request are not independent, so requests
 are the unit, as in :func:`dspark_obs.estimators.calibration_metrics.bootstrap_calibration_error`).
-Each resample is a row of multinomial weights over requests: the per-request
+Each resample is a row of Poisson(1) weights over requests: the per-request
 sums (per bin, per score) are computed once, and every metric of every
 resample is a matrix product with them.
 
@@ -151,20 +151,23 @@ def calibration_replicates(y_true, y_prob, groups, weights: np.ndarray, *, binni
 
 
 def resampled_metrics(y_true, y_prob, groups, *, n_groups: int, n_resamples: int, seed: int,
-                      binning: str = "width15", auroc_levels: int | None = AUROC_LEVELS) -> dict[str, np.ndarray]:
+                      binning: str = "width15", auroc_levels: int | None = AUROC_LEVELS,
+                      keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every metric over ``n_resamples`` request-level resamples, drawn in chunks.
 
     The weights are those of :func:`dspark_obs.report.stats.group_weights` with
-    ``seed`` (drawn chunk by chunk from one generator, which gives the same
-    rows), so memory stays bounded for runs with hundreds of thousands of steps.
+    ``seed`` and the groups' ``keys`` (drawn chunk by chunk: a resample's row
+    does not depend on the chunk), so memory stays bounded for runs with
+    hundreds of thousands of steps.
     """
+    from dspark_obs.report.stats import group_weights
+
     prepared = Prepared(y_true, y_prob, groups, n_groups=n_groups, binning=binning, auroc_levels=auroc_levels)
     rows = max(1, min(n_resamples, _CELLS_PER_CHUNK // max(prepared.n_levels, n_groups, 1)))
-    rng = np.random.default_rng(seed)
     parts: list[dict[str, np.ndarray]] = []
     done = 0
     while done < n_resamples:
         size = min(rows, n_resamples - done)
-        parts.append(prepared(rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=size)))
+        parts.append(prepared(group_weights(n_groups, size, seed, keys, start=done)))
         done += size
     return {m: np.concatenate([p[m] for p in parts]) for m in METRICS}

@@ -27,6 +27,7 @@ import pandas as pd
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import calibration_metrics as cal_metrics
+from dspark_obs.estimators import resampling
 from dspark_obs.report.bootstrap import calibration_replicates, resampled_metrics
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Drift, Figure
@@ -98,8 +99,9 @@ class _Cell:
 
     def __init__(self, ev: _Events, workload: str, n_boot: int, seed: int) -> None:
         self.mask = np.ones(len(ev.unit), bool) if workload == "*" else ev.workload == workload
-        _, self.g = np.unique(ev.unit[self.mask], return_inverse=True)
+        units, self.g = np.unique(ev.unit[self.mask], return_inverse=True)
         self.n_groups = int(self.g.max()) + 1 if self.g.size else 0
+        self.keys = resampling.unit_keys(units.tolist())  # a request's weights follow its id, as in calibrate
         self.n_boot, self.seed = n_boot, seed  # every position resamples the same requests
         self.ones = np.ones((1, self.n_groups))
         self.ev = ev
@@ -113,7 +115,7 @@ class _Cell:
         args = (y[ok], p[ok], self.g[ok])
         point = {m: float(v[0]) for m, v in calibration_replicates(*args, self.ones, binning=binning).items()}
         reps = resampled_metrics(*args, n_groups=self.n_groups, n_resamples=self.n_boot, seed=self.seed,
-                                 binning=binning)
+                                 binning=binning, keys=self.keys)
         return point, reps, y[ok], self.g[ok], int(ok.sum())
 
 

@@ -15,6 +15,8 @@ import math
 import numpy as np
 from scipy import stats as _st
 
+from dspark_obs.estimators import resampling
+
 __all__ = ["Z95", "two_sided_p", "se_from_ci", "wilson_interval", "poisson_interval", "clustered_mean",
            "difference_ztest", "welch_ttest", "poisson_rate_test", "bootstrap_pvalue", "percentile_interval",
            "benjamini_hochberg", "group_weights"]
@@ -177,9 +179,15 @@ def benjamini_hochberg(p_values) -> list[float]:
     return out.tolist()
 
 
-def group_weights(n_groups: int, n_resamples: int, seed: int) -> np.ndarray:
-    """``[n_resamples, n_groups]``: how often each group (request) is drawn in each bootstrap resample."""
-    rng = np.random.default_rng(seed)
-    if n_groups == 0:
-        return np.zeros((n_resamples, 0))
-    return rng.multinomial(n_groups, np.full(n_groups, 1.0 / n_groups), size=n_resamples).astype(np.float64)
+def group_weights(n_groups: int, n_resamples: int, seed: int, keys: np.ndarray | None = None,
+                  start: int = 0) -> np.ndarray:
+    """``[n_resamples, n_groups]``: each group's (request's) weight in each bootstrap resample.
+
+    The estimators' Poisson bootstrap (:mod:`dspark_obs.estimators.resampling`):
+    a weight is a function of the seed, the resample and the group's key
+    (``keys``, default the group's index), so the report resamples requests as
+    ``calibrate`` does.
+    """
+    if keys is None:
+        keys = resampling.unit_keys(range(n_groups))
+    return resampling.poisson_weights(keys, n_resamples, seed, start=start)
