@@ -43,15 +43,15 @@ def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype) -> np.ndarr
         return np.full((0, 0), fill, dtype=dtype)
     lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     width = int(lengths.max()) if n else 0
-    out = np.full((n, width), fill, dtype=dtype)
     if width == 0:
-        return out
+        return np.full((n, 0), fill, dtype=dtype)
     values = pc.list_flatten(column)
     if values.null_count:
         values = pc.fill_null(values, fill)
     values = values.to_numpy(zero_copy_only=False)
     if values.size == n * width:  # every list full (the usual case): no scatter needed
         return np.asarray(values, dtype=dtype).reshape(n, width)
+    out = np.full((n, width), fill, dtype=dtype)
     rows = np.repeat(np.arange(n), lengths)
     starts = np.cumsum(lengths) - lengths
     cols = np.arange(len(values)) - np.repeat(starts, lengths)
@@ -94,14 +94,18 @@ def token_index(code: np.ndarray, pos: np.ndarray, token_id: np.ndarray, *,
                          f"min code {code.min()}")
     stride = int(pos.max()) + 1 if t else 1
     key = code * stride + pos
+    logprob = np.full(t, np.nan) if logprob is None else np.asarray(logprob, dtype=np.float64)
+    top_ids = np.full((t, 0), -1, np.int64) if top_ids is None else np.asarray(top_ids, dtype=np.int64)
+    top_lp = np.full((t, 0), np.nan) if top_logprobs is None else np.asarray(top_logprobs, dtype=np.float64)
+    token_id = np.asarray(token_id, dtype=np.int64)
+    if t and bool(np.all(key[1:] > key[:-1])):   # stored in request order (the usual case): nothing to move
+        return TokenIndex(key=key, stride=stride, token_id=token_id, logprob=logprob, top_ids=top_ids,
+                          top_logprobs=top_lp)
     order = np.argsort(key, kind="stable")
     if t and np.any(np.diff(key[order]) == 0):
         raise ValueError("the tokens table holds a (rid, pos) twice; collect the run again or "
                          "drop the duplicate part file")
-    logprob = np.full(t, np.nan) if logprob is None else np.asarray(logprob, dtype=np.float64)
-    top_ids = np.full((t, 0), -1, np.int64) if top_ids is None else np.asarray(top_ids, dtype=np.int64)
-    top_lp = np.full((t, 0), np.nan) if top_logprobs is None else np.asarray(top_logprobs, dtype=np.float64)
-    return TokenIndex(key=key[order], stride=stride, token_id=np.asarray(token_id, dtype=np.int64)[order],
+    return TokenIndex(key=key[order], stride=stride, token_id=token_id[order],
                       logprob=logprob[order], top_ids=top_ids[order], top_logprobs=top_lp[order])
 
 
