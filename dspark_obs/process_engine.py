@@ -14,6 +14,7 @@ fits in one chunk gains nothing from processes and runs in this one
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import multiprocessing
 import os
@@ -55,6 +56,7 @@ class ProcessEngine:
         self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
         for f in [self._pool.submit(_ready) for _ in range(self.jobs)]:   # fork every worker now
             f.result()
+        atexit.register(self.close)   # the workers end (and are waited for) with the command
         return self
 
     def parallelism(self) -> int:
