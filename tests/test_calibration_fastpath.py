@@ -41,3 +41,21 @@ def test_chunked_calibration_equals_the_previous_implementation(estimated, label
         v = np.array([np.nan if x is None else x for x in t.column(col).to_pylist()], float)
         got = [float(np.nansum(v)), float(np.nansum(weight * v))]
         assert got == pytest.approx(PINNED[labels][col], rel=1e-12), col
+
+
+def test_poisson_weights_from_integer_thresholds_are_the_float_draws():
+    """Each weight equals the draw through a float uniform and a search of the Poisson(1) CDF."""
+    from dspark_obs.estimators import resampling as rs
+
+    keys = np.random.default_rng(7).integers(0, 2**63, 20_000, dtype=np.uint64)
+    fast = rs.poisson_weights(keys, 40, seed=5, start=3)
+    with np.errstate(over="ignore"):
+        stream = rs._mix(np.uint64(5) * rs._GOLDEN + np.arange(3, 43, dtype=np.uint64) * rs._GOLDEN + rs._GOLDEN)
+        bits = rs._mix(keys[None, :] ^ stream[:, None])
+    uniform = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    ref = np.searchsorted(rs._POISSON_CDF, uniform, side="right").astype(np.float64)
+    assert np.array_equal(fast, ref) and fast.max() >= 5 and abs(fast.mean() - 1.0) < 0.01
+    # exactly at a threshold: the integer and float comparisons agree
+    edge = rs._POISSON_THRESHOLDS[:6].astype(np.uint64)
+    assert np.array_equal(np.searchsorted(rs._POISSON_THRESHOLDS, edge, side="right"),
+                          np.searchsorted(rs._POISSON_CDF, edge.astype(np.float64) / 9007199254740992.0, side="right"))
