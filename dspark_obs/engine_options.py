@@ -1,4 +1,4 @@
-"""The options every estimator command shares to run on Ray: ``--engine``, ``--ray-address``, ``--ray-workers``.
+"""The options every estimator command shares to spread its work (``--engine``, ``--jobs``, Ray's own).
 
 Declared once here and used as the defaults of ``estimate``, ``calibrate`` and
 ``report``, so the three say the same thing and check it the same way.
@@ -15,7 +15,8 @@ from dspark_obs.console import fail
 
 __all__ = ["ENGINE", "RAY_ADDRESS", "RAY_WORKERS", "JOBS", "PRELOAD", "DATA_ROOT_HELP", "engine_for", "data_root"]
 
-ENGINE = typer.Option("local", "--engine", help="local: this process | ray: the run's requests split by rid hash "
+ENGINE = typer.Option("local", "--engine", help="local: this machine (--jobs processes) | ray: the run's requests "
+                      "split by rid hash "
                       "into Ray tasks that run the same per-chunk code; same tables (pip install 'dspark-obs[ray]').")
 RAY_ADDRESS = typer.Option(None, "--ray-address", help="With --engine ray: the cluster to run on (ray://head:10001, "
                            "or the host:port `ray start --head` printed). Default: a local Ray on this machine.")

@@ -37,6 +37,13 @@ def _ready() -> int:
     return os.getpid()
 
 
+def _worker_init() -> None:
+    """A worker's DuckDB takes one core: its siblings have the others."""
+    from dspark_obs import sql
+
+    sql.WORKER_THREADS = 1
+
+
 @dataclass
 class ProcessEngine:
     """``jobs`` worker processes on this machine; ``preload``: modules imported before they fork."""
@@ -53,7 +60,7 @@ class ProcessEngine:
             importlib.import_module(name)
         methods = multiprocessing.get_all_start_methods()
         context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
-        self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context)
+        self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context, initializer=_worker_init)
         for f in [self._pool.submit(_ready) for _ in range(self.jobs)]:   # fork every worker now
             f.result()
         atexit.register(self.close)   # the workers end (and are waited for) with the command
