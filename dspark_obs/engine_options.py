@@ -33,10 +33,11 @@ DATA_ROOT_HELP = ("Data root of the store: a directory (from `dspark-obs collect
 
 
 def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs: Optional[int] = None,
-               preload: tuple = ()):
+               preload: tuple = (), ctx: Optional[typer.Context] = None):
     """The engine the options ask for, started: a :class:`~dspark_obs.ray_engine.RayEngine`, a
     :class:`~dspark_obs.process_engine.ProcessEngine` of ``jobs`` processes (default: all cores; its
-    workers fork after importing ``preload``), or None for one process."""
+    workers fork after importing ``preload``, and end when the command's ``ctx`` closes), or None for one
+    process."""
     from dspark_obs.ray_engine import ENGINES, RayEngine, RayUnavailable
 
     if engine not in ENGINES:
@@ -47,7 +48,12 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs
         from dspark_obs.process_engine import ProcessEngine, default_jobs
 
         jobs = default_jobs() if jobs is None else jobs
-        return ProcessEngine(jobs, preload=preload).start() if jobs > 1 else None
+        if jobs <= 1:
+            return None
+        pool = ProcessEngine(jobs, preload=preload).start()
+        if ctx is not None:
+            ctx.call_on_close(pool.close)   # the workers end with the command, however it ends
+        return pool
     if jobs is not None:
         fail("--jobs sizes the local engine; with --engine ray give --ray-workers (or the cluster's CPUs decide)")
     if address is not None and workers is not None:

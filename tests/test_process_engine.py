@@ -91,3 +91,13 @@ def test_jobs_is_for_the_local_engine():
     assert result.exit_code != 0 and "--jobs sizes the local engine" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["calibrate", "--data", ".", "--run", "x", "--jobs", "0"])
     assert result.exit_code != 0
+
+
+def test_the_command_s_workers_end_with_it(generated):
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    result = CliRunner().invoke(app, ["calibrate", "--data", str(generated.root), "--run", "bench", "--labels",
+                                      "observed", "--bootstrap", "0", "--jobs", "2"])
+    assert result.exit_code == 0, result.output
+    assert {p.pid for p in multiprocessing.active_children()} <= before

@@ -27,6 +27,7 @@ from dspark_obs.console import console as err  # noqa: E402
 
 
 def calibrate(
+    ctx: typer.Context,
     data: str = typer.Option(..., help=DATA_ROOT_HELP),
     run: str = typer.Option(..., help="Run whose confidences to score: a compact or cap-accept run."),
     labels: str = typer.Option("all", help="Where the truth comes from: observed | reconstructed | companion | all "
@@ -100,7 +101,7 @@ def calibrate(
     if fit_sts is not None and fit_sts.is_dir():
         fail(f"--fit-sts {fit_sts} is a directory; give a file name such as sts.json")
 
-    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["calibrate"])
+    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["calibrate"], ctx=ctx)
     con = sqlmod.connect(data)
     kinds = cal.LABEL_KINDS if labels == "all" else (labels,)
     results = {}

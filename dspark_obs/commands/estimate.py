@@ -27,6 +27,7 @@ METHOD_CHOICES = ("default", "sglang")
 
 
 def estimate(
+    ctx: typer.Context,
     data: str = typer.Option(..., help=DATA_ROOT_HELP),
     run: Optional[str] = typer.Option(None, help="Run to estimate (a compact run; cap-accept and static runs "
                                                  "validate against themselves). Default: the store's only compact run."),
@@ -92,7 +93,7 @@ def estimate(
     if method not in METHOD_CHOICES:
         fail(f"--method {method!r} is not one of {', '.join(METHOD_CHOICES)}")
     data = data_root(data)
-    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["estimate"])
+    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["estimate"], ctx=ctx)
     con = sqlmod.connect(data)
     run = run or _only_compact_run(con)
     known = {r[0] for r in con.sql("SELECT DISTINCT run_id FROM step_reqs").fetchall()}

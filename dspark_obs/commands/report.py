@@ -30,6 +30,7 @@ def _parse_now(value: Optional[str]) -> Optional[dt.datetime]:
 
 
 def report(
+    ctx: typer.Context,
     data: str = typer.Option(..., help=DATA_ROOT_HELP),
     out: Path = typer.Option(..., help="Directory to write report.html, summary.json, summary.md and figures/ to "
                                        "(created if missing; the report's own files are replaced)."),
@@ -109,7 +110,7 @@ def report(
                 fail(f"{flag}: {exc}")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file; give a directory")
-    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["report"])
+    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["report"], ctx=ctx)
     opts = ReportOptions(data=data, out=out, runs=run or None, since=since, baseline=baseline or None,
                          baseline_since=baseline_since, thresholds=thresholds, now=_parse_now(now), png=png,
                          history=history, recompute=recompute, n_bootstrap=bootstrap, engine=ray)
