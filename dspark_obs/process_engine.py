@@ -5,9 +5,11 @@
 ``report`` split a run by rid hash into shards, run the local per-chunk function
 on each and merge the partial results exactly as on Ray (bootstrap weights are
 drawn per request, so the split does not change a CI).  The pool forks its
-workers in :meth:`ProcessEngine.start`, before the command opens DuckDB (a
-process with a database's threads running is not forked), after importing the
-modules the tasks run, so a worker starts with nothing to import.  A run that
+workers in :meth:`ProcessEngine.start`, before the command opens DuckDB, after
+importing the modules the tasks run, so a worker starts with nothing to import;
+a process that has already loaded DuckDB (a library caller, a test session)
+spawns them instead — a forked child would inherit the database's threads
+mid-flight.  A run that
 fits in one chunk gains nothing from processes and runs in this one
 (``min_chunks``), where it gets the one-pass figures.
 """
@@ -18,6 +20,7 @@ import atexit
 import importlib
 import multiprocessing
 import os
+import sys
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
@@ -56,10 +59,12 @@ class ProcessEngine:
     def start(self) -> "ProcessEngine":
         if self._pool is not None:
             return self
-        for name in self.preload:
+        # Fork (workers that start with the modules loaded) only before this process has used DuckDB, whose
+        # threads a forked child would inherit mid-flight; else spawn fresh interpreters.
+        fork = "fork" in multiprocessing.get_all_start_methods() and "duckdb" not in sys.modules
+        for name in self.preload if fork else ():
             importlib.import_module(name)
-        methods = multiprocessing.get_all_start_methods()
-        context = multiprocessing.get_context("fork" if "fork" in methods else "spawn")
+        context = multiprocessing.get_context("fork" if fork else "spawn")
         self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context, initializer=_worker_init)
         for f in [self._pool.submit(_ready) for _ in range(self.jobs)]:   # fork every worker now
             f.result()

@@ -159,7 +159,7 @@ def test_run_all_writes_its_figures(tmp_path):
     assert res["collect.firehose.gaps"] == 0 and res["collect.firehose.dead_letters"] == 0, res
     assert res["collect.firehose.missing_forward_cts"] == 0 and res["collect.firehose.duplicate_steps"] == 0
     assert res["collect.firehose.rows_stored_match"] and res["collect.firehose.rows"] > 0
-    assert "ingest rows/s" in proc.stdout and "baseline" in proc.stdout and "ratio" in proc.stdout
+    assert "ingest --server-info rows/s" in proc.stdout and "baseline" in proc.stdout and "ratio" in proc.stdout
 
 
 def test_the_firehose_stamps_every_step_and_its_dumper_encodes_like_the_emulator():
