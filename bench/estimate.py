@@ -114,7 +114,8 @@ def _cli() -> list[str]:
 def commands(root: str, out: str) -> dict:
     """CPU, wall and peak of each shipped command on the store ``root`` (run ``bench``), in order."""
     steps = {
-        "estimate": ["estimate", "--data", root, "--run", "bench"],
+        "estimate_jobs1": ["estimate", "--data", root, "--run", "bench", "--jobs", "1"],   # one process
+        "estimate": ["estimate", "--data", root, "--run", "bench"],                        # all cores
         "calibrate": ["calibrate", "--data", root, "--run", "bench", "--labels", "all"],
         "report": ["report", "--data", root, "--run", "bench", "--out", out, "--no-png"],
     }
@@ -168,7 +169,7 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
         failed = {k: v["error"] for k, v in r.items() if "error" in v}
         if failed:
             res[f"estimate.error.{size}"] = "; ".join(f"{k}: {v}" for k, v in failed.items())
-            if "estimate" in failed or "calibrate" in failed:
+            if not {"estimate", "calibrate"} <= set(r) - set(failed):
                 continue
         rows = info["rows"]
         est, cal = r["estimate"], r["calibrate"]
@@ -178,6 +179,12 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
         res[f"estimate.calibrate_rows_per_s.{size}"] = round(rows / cal["cpu"])
         res[f"estimate.rows_per_s_wall.{size}"] = round(rows / (est["wall"] + cal["wall"]))
         res[f"estimate.estimate_cpu_s.{size}"] = round(est["cpu"], 2)
+        one = r.get("estimate_jobs1", {})
+        if "cpu" in one:   # --jobs: the default (all cores) against one process, wall rows/s
+            res[f"estimate.jobs1_cpu_s.{size}"] = round(one["cpu"], 2)
+            res["estimate.jobs1_wall_rows_per_s"] = round(rows / one["wall"])
+            res["estimate.wall_rows_per_s"] = round(rows / est["wall"])
+            res["estimate.jobs_speedup"] = round(one["wall"] / est["wall"], 2)
         res[f"estimate.calibrate_cpu_s.{size}"] = round(cal["cpu"], 2)
         if "report" in r and "error" not in r["report"]:
             res[f"estimate.report_cpu_s.{size}"] = round(r["report"]["cpu"], 2)

@@ -1,4 +1,4 @@
-"""The options every estimator command shares to run on Ray: ``--engine``, ``--ray-address``, ``--ray-workers``.
+"""The options every estimator command shares to spread its work (``--engine``, ``--jobs``, Ray's own).
 
 Declared once here and used as the defaults of ``estimate``, ``calibrate`` and
 ``report``, so the three say the same thing and check it the same way.
@@ -13,20 +13,31 @@ import typer
 
 from dspark_obs.console import fail
 
-__all__ = ["ENGINE", "RAY_ADDRESS", "RAY_WORKERS", "DATA_ROOT_HELP", "engine_for", "data_root"]
+__all__ = ["ENGINE", "RAY_ADDRESS", "RAY_WORKERS", "JOBS", "PRELOAD", "DATA_ROOT_HELP", "engine_for", "data_root"]
 
-ENGINE = typer.Option("local", "--engine", help="local: this process | ray: the run's requests split by rid hash "
+ENGINE = typer.Option("local", "--engine", help="local: this machine (--jobs processes) | ray: the run's requests "
+                      "split by rid hash "
                       "into Ray tasks that run the same per-chunk code; same tables (pip install 'dspark-obs[ray]').")
 RAY_ADDRESS = typer.Option(None, "--ray-address", help="With --engine ray: the cluster to run on (ray://head:10001, "
                            "or the host:port `ray start --head` printed). Default: a local Ray on this machine.")
 RAY_WORKERS = typer.Option(None, "--ray-workers", min=1, help="With --engine ray and no --ray-address: CPUs of "
                            "the local Ray, one task each (default: all cores).")
+JOBS = typer.Option(None, "--jobs", "-j", min=1, help="With --engine local: processes on this machine, the run's "
+                    "requests split by rid hash as --engine ray does; same tables as --jobs 1 (default: all cores).")
+PRELOAD = {"estimate": ("dspark_obs.sql", "dspark_obs.estimators.ceiling_ray"),
+           "calibrate": ("dspark_obs.sql", "dspark_obs.estimators.calibration_ray")}
+PRELOAD["report"] = PRELOAD["estimate"] + PRELOAD["calibrate"][1:]
+"""What each command's tasks import: loaded once, before the ``--jobs`` workers fork."""
 DATA_ROOT_HELP = ("Data root of the store: a directory (from `dspark-obs collect` or `demo`) or an object-store URL "
                   "(s3://bucket/prefix?endpoint_override=host:port&scheme=http).")
 
 
-def engine_for(engine: str, address: Optional[str], workers: Optional[int]):
-    """The :class:`~dspark_obs.ray_engine.RayEngine` the options ask for, started; None for ``local``."""
+def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs: Optional[int] = None,
+               preload: tuple = (), ctx: Optional[typer.Context] = None):
+    """The engine the options ask for, started: a :class:`~dspark_obs.ray_engine.RayEngine`, a
+    :class:`~dspark_obs.process_engine.ProcessEngine` of ``jobs`` processes (default: all cores; its
+    workers fork after importing ``preload``, and end when the command's ``ctx`` closes), or None for one
+    process."""
     from dspark_obs.ray_engine import ENGINES, RayEngine, RayUnavailable
 
     if engine not in ENGINES:
@@ -34,7 +45,17 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int]):
     if engine == "local":
         if address is not None or workers is not None:
             fail("--ray-address and --ray-workers need --engine ray")
-        return None
+        from dspark_obs.process_engine import ProcessEngine, default_jobs
+
+        jobs = default_jobs() if jobs is None else jobs
+        if jobs <= 1:
+            return None
+        pool = ProcessEngine(jobs, preload=preload).start()
+        if ctx is not None:
+            ctx.call_on_close(pool.close)   # the workers end with the command, however it ends
+        return pool
+    if jobs is not None:
+        fail("--jobs sizes the local engine; with --engine ray give --ray-workers (or the cluster's CPUs decide)")
     if address is not None and workers is not None:
         fail("--ray-workers sizes a local Ray; with --ray-address the cluster's CPUs decide: give one")
     try:

@@ -56,6 +56,11 @@ def _quote_literal(text: str) -> str:
 
 # -- connection and views ----------------------------------------------------
 
+WORKER_THREADS: int | None = None
+"""DuckDB threads of each connection this process makes (None: one per core); a ``--jobs`` worker sets 1,
+as its siblings take the other cores."""
+
+
 def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with one view per store table, plus ``step_reqs_w`` and table macros.
 
@@ -86,7 +91,7 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     if any(ch in root_text for ch in "*?[]{}'"):
         raise ValueError(f"data root {root_text!r} contains a glob or quote character; "
                          "move the store to a plain path")
-    con = duckdb.connect(":memory:")
+    con = duckdb.connect(":memory:", config={"threads": WORKER_THREADS} if WORKER_THREADS else {})
     con.execute("SET TimeZone = 'UTC'")  # the store is UTC; show it so on every machine
     if remote:
         con.register_filesystem(objstore.fsspec_filesystem(store))

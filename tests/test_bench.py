@@ -114,7 +114,7 @@ def small_store(tmp_path_factory) -> Path:
 
 def test_the_shipped_commands_run_on_generated_stores(small_store, tmp_path):
     out = estimate.commands(str(small_store), str(tmp_path / "report"))
-    assert set(out) == {"estimate", "calibrate", "report"}
+    assert set(out) == {"estimate_jobs1", "estimate", "calibrate", "report"}
     assert all("error" not in r and r["cpu"] > 0 and r["peak_mb"] > 0 for r in out.values()), out
     assert list((tmp_path / "report").glob("*.md"))
     from dspark_obs import sql

@@ -88,7 +88,10 @@ def test_chunked_write_stages_then_replaces_and_reads_back(generated):
     assert len(seen) >= 6 and seen[-1][0] == seen[-1][1] == result.num_rows
     assert [d for d, _ in seen] == sorted(d for d, _ in seen)
     stored = generated.read("ceiling", "bench")
-    assert stored.num_rows == result.num_rows and len(list((generated.root / "ceiling").rglob("part-*"))) == 1
+    # each chunk's rows are one committed part file (staged, then renamed); nothing is left staged
+    parts = list((generated.root / "ceiling").glob("run_id=bench/part-*"))
+    assert stored.num_rows == result.num_rows and len(parts) == len(seen) >= 6
+    assert not list((generated.root / "ceiling").glob("*/_staged-*"))
     _same_rows(result.ceiling, estimate_run(generated, "bench", n_bootstrap=0, write=False).ceiling)
 
 

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
+from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
 from dspark_obs.commands.estimate import step_progress
 from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
 from rich.table import Table
@@ -27,6 +27,7 @@ from dspark_obs.console import console as err  # noqa: E402
 
 
 def calibrate(
+    ctx: typer.Context,
     data: str = typer.Option(..., help=DATA_ROOT_HELP),
     run: str = typer.Option(..., help="Run whose confidences to score: a compact or cap-accept run."),
     labels: str = typer.Option("all", help="Where the truth comes from: observed | reconstructed | companion | all "
@@ -50,6 +51,7 @@ def calibrate(
     engine: str = ENGINE,
     ray_address: Optional[str] = RAY_ADDRESS,
     ray_workers: Optional[int] = RAY_WORKERS,
+    jobs: Optional[int] = JOBS,
 ) -> None:
     """Measure calibration of the confidence head: does survival S_k predict that drafts 1..k all survive?
 
@@ -99,7 +101,7 @@ def calibrate(
     if fit_sts is not None and fit_sts.is_dir():
         fail(f"--fit-sts {fit_sts} is a directory; give a file name such as sts.json")
 
-    ray = engine_for(engine, ray_address, ray_workers)
+    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["calibrate"], ctx=ctx)
     con = sqlmod.connect(data)
     kinds = cal.LABEL_KINDS if labels == "all" else (labels,)
     results = {}

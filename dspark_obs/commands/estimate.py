@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
+from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
 from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
 from rich import box
 from rich.table import Table
@@ -27,6 +27,7 @@ METHOD_CHOICES = ("default", "sglang")
 
 
 def estimate(
+    ctx: typer.Context,
     data: str = typer.Option(..., help=DATA_ROOT_HELP),
     run: Optional[str] = typer.Option(None, help="Run to estimate (a compact run; cap-accept and static runs "
                                                  "validate against themselves). Default: the store's only compact run."),
@@ -53,6 +54,7 @@ def estimate(
     engine: str = ENGINE,
     ray_address: Optional[str] = RAY_ADDRESS,
     ray_workers: Optional[int] = RAY_WORKERS,
+    jobs: Optional[int] = JOBS,
 ) -> None:
     """Estimate the hidden ceiling: what a full-block verify would have accepted, per request-step.
 
@@ -101,7 +103,7 @@ def estimate(
     if method not in METHOD_CHOICES:
         fail(f"--method {method!r} is not one of {', '.join(METHOD_CHOICES)}")
     data = data_root(data)
-    ray = engine_for(engine, ray_address, ray_workers)
+    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["estimate"], ctx=ctx)
     con = sqlmod.connect(data)
     run = run or _only_compact_run(con)
     known = {r[0] for r in con.sql("SELECT DISTINCT run_id FROM step_reqs").fetchall()}

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, RAY_ADDRESS, RAY_WORKERS, engine_for
+from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, engine_for
 from dspark_obs.console import fail, in_range
 
 
@@ -30,6 +30,7 @@ def _parse_now(value: Optional[str]) -> Optional[dt.datetime]:
 
 
 def report(
+    ctx: typer.Context,
     data: str = typer.Option(..., help=DATA_ROOT_HELP),
     out: Path = typer.Option(..., help="Directory to write report.html, summary.json, summary.md and figures/ to "
                                        "(created if missing; the report's own files are replaced)."),
@@ -55,6 +56,7 @@ def report(
     engine: str = ENGINE,
     ray_address: Optional[str] = RAY_ADDRESS,
     ray_workers: Optional[int] = RAY_WORKERS,
+    jobs: Optional[int] = JOBS,
 ) -> None:
     """Judge a night's runs: calibration, ceiling, estimator, cost model, collection, STS refit; gate on them.
 
@@ -108,7 +110,7 @@ def report(
                 fail(f"{flag}: {exc}")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file; give a directory")
-    ray = engine_for(engine, ray_address, ray_workers)
+    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["report"], ctx=ctx)
     opts = ReportOptions(data=data, out=out, runs=run or None, since=since, baseline=baseline or None,
                          baseline_since=baseline_since, thresholds=thresholds, now=_parse_now(now), png=png,
                          history=history, recompute=recompute, n_bootstrap=bootstrap, engine=ray)

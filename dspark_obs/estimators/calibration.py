@@ -246,6 +246,8 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     con, store = _connect(con_or_store)
     plan = chunks.plan_run(con, run_id, labels=labels, companion=companion, chunk_rows=chunk_rows,
                            units=n_bootstrap > 0)
+    if engine is not None and len(plan.chunks) < getattr(engine, "min_chunks", 0):
+        engine = None   # --jobs on a run of one chunk: this process
     if len(plan.chunks) == 1 and engine is None:  # one pass
         ev = load_events(con, run_id, labels=labels, companion=companion)
         summary, bins = summarise_events(ev, binnings=binnings, n_bootstrap=n_bootstrap,

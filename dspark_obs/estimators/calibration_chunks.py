@@ -232,19 +232,36 @@ def accumulate_chunks(con, plan: RunPlan, run_id: str, chunks: list, *, labels: 
         ev, c = _load(con, plan, run_id, labels, chunk)
         for key in counts:
             counts[key] += c[key]
+        units, unit = _local_units(ev.rid)   # each unit's weights are drawn once, whatever groups it is in
+        drawn = (resampling.poisson_weights(resampling.unit_keys(units), n_bootstrap, seed)
+                 if n_bootstrap else None)
         for w, mask in _groups(ev.workload):
             rows = np.flatnonzero(mask)
-            cols, local = _local_units(ev.rid[rows])
-            weights = (resampling.poisson_weights(resampling.unit_keys(cols), n_bootstrap, seed)
-                       if n_bootstrap else None)
+            cols, local = _local_units(unit[rows])
+            weights = drawn[:, np.asarray(cols, dtype=np.int64)] if drawn is not None else None
+            boot: list = []   # the cell's per-unit sums: one product with the weights for all of them
             for k in range(ev.gamma):
                 cell = cells.setdefault((w, k), _Cell())
                 _add(cell, ev.y[rows, k], ev.survival[rows, k], local, len(cols), weights,
-                     {name: (*specs[name], cell.edges.setdefault(name, edges(w, k, name))) for name in specs})
+                     {name: (*specs[name], cell.edges.setdefault(name, edges(w, k, name))) for name in specs}, boot)
+            _add_bootstrap(weights, boot)
         if progress is not None:
             progress(chunk.rows)
         del ev
     return cells, counts
+
+
+def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
+    """``acc[j] += weights @ part`` for each ``(acc, j, part)`` of ``pending``, as one matrix product."""
+    if weights is None or not pending:
+        return
+    product = weights @ np.concatenate([part.reshape(part.shape[0], -1) for _, _, part in pending], axis=1)
+    at = 0
+    for acc, j, part in pending:
+        width = part.reshape(part.shape[0], -1).shape[1]
+        block = product[:, at:at + width].reshape((weights.shape[0], *part.shape[1:]))
+        acc[j] = acc[j] + block
+        at += width
 
 
 def merge_cells(parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
@@ -276,9 +293,10 @@ def _local_units(units: np.ndarray) -> tuple[list, np.ndarray]:
 
 
 def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int, weights: np.ndarray | None,
-         binnings: dict) -> None:
+         binnings: dict, boot_parts: list) -> None:
     """Add one chunk's steps of a cell; ``g`` numbers their requests 0..n_units-1, whose
-    bootstrap weights are the columns of ``weights`` [resamples, n_units]."""
+    bootstrap weights are the columns of ``weights`` [resamples, n_units]; the per-request sums
+    the bootstrap reweights go to ``boot_parts`` (:func:`_add_bootstrap`)."""
     ok = ~np.isnan(y) & ~np.isnan(p)
     y, p, g = y[ok], np.clip(p[ok], 0.0, 1.0), g[ok]
     if not y.size:
@@ -304,8 +322,7 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
                    np.bincount(cell_ids, weights=y, minlength=size).reshape(n_units, n_bins),
                    np.bincount(g, minlength=n_units).astype(np.float64)]
             boot = cell.boot.setdefault(name, [0.0, 0.0, 0.0])
-            for j, part in enumerate(per):
-                boot[j] = boot[j] + weights @ part
+            boot_parts += [(boot, j, part) for j, part in enumerate(per)]
 
 
 def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan, binnings, level: float,

@@ -55,7 +55,6 @@ _EPS = 1e-6
 _SHARP = 40.0
 _MIN_ROWS = 50
 _RIDGE = 500.0         # on the per-position offsets (intercept and slope): see the module docstring
-_BLOCK_ROWS = 32_768
 
 
 def _logit(x: np.ndarray) -> np.ndarray:
@@ -86,10 +85,14 @@ def _nll(theta: np.ndarray, x: np.ndarray, log_p: np.ndarray, y: np.ndarray,
     u = _SHARP * (log_q - log_p)
     log_a = -np.logaddexp(0.0, u) / _SHARP            # smooth min(0, log p - log q)
     s = _sigmoid(u)                                    # d(-log_a)/d log_q
-    a = np.exp(log_a)
-    one_minus = np.maximum(-np.expm1(log_a), 1e-12)
-    ll = np.where(y, log_a, np.log(one_minus))
-    d_logq = np.where(y, -s, (a / one_minus) * s)      # d ll / d log q
+    # Rejected drafts' terms only where a draft was rejected (the same values as computing them everywhere).
+    rejected = ~y
+    la = log_a[rejected]
+    one_minus = np.maximum(-np.expm1(la), 1e-12)
+    ll = log_a.copy()
+    ll[rejected] = np.log(one_minus)
+    d_logq = -s                                        # d ll / d log q
+    d_logq[rejected] = (np.exp(la) / one_minus) * s[rejected]
     grad_eta = d_logq * (1.0 - np.exp(log_q))          # d log q / d eta = 1 - q
     f = -ll.sum() + 0.5 * np.sum(penalty * theta * theta)
     g = -(x.T @ grad_eta) + penalty * theta
@@ -110,20 +113,26 @@ class DrafterMap:
         return self.coef is not None
 
     def q(self, confidence: np.ndarray, *, z: float = 0.0) -> np.ndarray:
-        """``[n, gamma]`` drafter probability of each draft; ``z`` standard errors up (or down)."""
+        """``[n, gamma]`` drafter probability of each draft; ``z`` standard errors up (or down).
+
+        The design row of position ``k`` is ``u_k + l w_k`` (``l = logit(c)``, ``u_k`` the
+        intercept's and ``w_k`` the slope's indicator), so ``eta`` and its variance are
+        per-position polynomials in ``l``: a few passes over ``[n, gamma]``, no design matrix.
+        """
         c = np.asarray(confidence, dtype=np.float64)
         if self.coef is None:
             return np.clip(c, _EPS, 1.0)
-        if len(c) > _BLOCK_ROWS:
-            return np.concatenate([self.q(c[i:i + _BLOCK_ROWS], z=z) for i in range(0, len(c), _BLOCK_ROWS)])
-        n, gamma = c.shape
-        offset = np.broadcast_to(np.arange(1, gamma + 1)[None, :], c.shape).reshape(-1)
-        x = _design(np.where(np.isnan(c), 0.5, c).reshape(-1), offset, gamma)
-        eta = x @ self.coef
+        gamma = c.shape[1]
+        l = _logit(np.where(np.isnan(c), 0.5, c))
+        b, k = self.coef, np.arange(gamma)
+        eta = (b[0] + b[2 + k]) + (b[1] + b[2 + gamma + k]) * l
         if z:
-            se = np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", x, self.cov, x), 0.0))
-            eta = eta + z * se
-        return _sigmoid(eta).reshape(n, gamma)
+            u, w = np.zeros((gamma, b.size)), np.zeros((gamma, b.size))
+            u[:, 0], u[k, 2 + k], w[:, 1], w[k, 2 + gamma + k] = 1.0, 1.0, 1.0, 1.0
+            cu, cw = u @ self.cov, w @ self.cov
+            var = (cu * u).sum(1) + l * (2.0 * (cu * w).sum(1)) + l * l * (cw * w).sum(1)
+            eta = eta + z * np.sqrt(np.maximum(var, 0.0))
+        return _sigmoid(eta)
 
     def accept(self, confidence: np.ndarray, p: np.ndarray, *, z: float = 0.0) -> np.ndarray:
         """``min(1, p / q̂)`` (``z > 0`` raises ``q̂``: a lower acceptance)."""

@@ -35,8 +35,9 @@ __all__ = ["TokenIndex", "Evidence", "token_index", "draft_evidence", "padded_li
            "align_requests", "MISALIGNED_SHARE"]
 
 
-def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype) -> np.ndarray:
-    """A list column as a 2-D array padded with ``fill`` (null lists become all ``fill``)."""
+def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype=None) -> np.ndarray:
+    """A list column as a 2-D array padded with ``fill`` (null lists become all ``fill``); ``dtype``
+    None keeps the values' own type (no widening copy of a large top-k)."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     n = len(column)
@@ -44,15 +45,16 @@ def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype) -> np.ndarr
         return np.full((0, 0), fill, dtype=dtype)
     lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False).astype(np.int64)
     width = int(lengths.max()) if n else 0
-    out = np.full((n, width), fill, dtype=dtype)
     if width == 0:
-        return out
+        return np.full((n, 0), fill, dtype=dtype or column.type.value_type.to_pandas_dtype())
     values = pc.list_flatten(column)
     if values.null_count:
         values = pc.fill_null(values, fill)
     values = values.to_numpy(zero_copy_only=False)
+    dtype = dtype or values.dtype
     if values.size == n * width:  # every list full (the usual case): no scatter needed
         return np.asarray(values, dtype=dtype).reshape(n, width)
+    out = np.full((n, width), fill, dtype=dtype)
     rows = np.repeat(np.arange(n), lengths)
     starts = np.cumsum(lengths) - lengths
     cols = np.arange(len(values)) - np.repeat(starts, lengths)
@@ -69,8 +71,8 @@ class TokenIndex:
     stride: int
     token_id: np.ndarray       # [t] int64
     logprob: np.ndarray        # [t] float64 (NaN unknown)
-    top_ids: np.ndarray        # [t, K] int64 (-1 padding)
-    top_logprobs: np.ndarray   # [t, K] float64 (NaN padding)
+    top_ids: np.ndarray        # [t, K] integer (-1 padding), as stored
+    top_logprobs: np.ndarray   # [t, K] float (NaN padding), as stored: widened where looked up
 
     def find(self, code: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Row of each ``(code, pos)`` and whether it exists (rows of misses are 0)."""
@@ -95,14 +97,20 @@ def token_index(code: np.ndarray, pos: np.ndarray, token_id: np.ndarray, *,
                          f"min code {code.min()}")
     stride = int(pos.max()) + 1 if t else 1
     key = code * stride + pos
+    logprob = np.full(t, np.nan) if logprob is None else np.asarray(logprob, dtype=np.float64)
+    top_ids = np.full((t, 0), -1, np.int64) if top_ids is None else np.asarray(top_ids)
+    top_lp = np.full((t, 0), np.nan) if top_logprobs is None else np.asarray(top_logprobs)
+    top_ids = top_ids if top_ids.dtype.kind in "iu" else top_ids.astype(np.int64)
+    top_lp = top_lp if top_lp.dtype.kind == "f" else top_lp.astype(np.float64)
+    token_id = np.asarray(token_id, dtype=np.int64)
+    if t and bool(np.all(key[1:] > key[:-1])):   # stored in request order (the usual case): nothing to move
+        return TokenIndex(key=key, stride=stride, token_id=token_id, logprob=logprob, top_ids=top_ids,
+                          top_logprobs=top_lp)
     order = np.argsort(key, kind="stable")
     if t and np.any(np.diff(key[order]) == 0):
         raise ValueError("the tokens table holds a (rid, pos) twice; collect the run again or "
                          "drop the duplicate part file")
-    logprob = np.full(t, np.nan) if logprob is None else np.asarray(logprob, dtype=np.float64)
-    top_ids = np.full((t, 0), -1, np.int64) if top_ids is None else np.asarray(top_ids, dtype=np.int64)
-    top_lp = np.full((t, 0), np.nan) if top_logprobs is None else np.asarray(top_logprobs, dtype=np.float64)
-    return TokenIndex(key=key[order], stride=stride, token_id=np.asarray(token_id, dtype=np.int64)[order],
+    return TokenIndex(key=key[order], stride=stride, token_id=token_id[order],
                       logprob=logprob[order], top_ids=top_ids[order], top_logprobs=top_lp[order])
 
 
@@ -148,11 +156,10 @@ def _draft_evidence(index: TokenIndex, code: np.ndarray, first_pos: np.ndarray, 
     state = np.zeros((n, gamma), dtype=np.int8)
     if k and index.key.size:
         ids = index.top_ids[row]                       # [n, gamma, K]
-        lps = index.top_logprobs[row]
         has_top = found & (ids >= 0).any(axis=2)
         hit = (ids == drafts[:, :, None]) & has_top[:, :, None]
         in_top = hit.any(axis=2)
-        lp = np.take_along_axis(lps, hit.argmax(axis=2)[:, :, None], axis=2)[:, :, 0]
+        lp = index.top_logprobs[row, hit.argmax(axis=2)].astype(np.float64)   # only the hit's logprob
         p_topk = np.where(in_top, np.exp(lp), np.nan)
         state = np.where(in_top, 1, np.where(has_top, 2, 0)).astype(np.int8)
     p_draft = np.where(np.isnan(p_real), p_topk, p_real)

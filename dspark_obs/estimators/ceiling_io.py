@@ -10,6 +10,8 @@ and ``ceiling_validation``.  Use it through
 
 from __future__ import annotations
 
+import secrets
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,7 +28,7 @@ from dspark_obs.estimators.ceiling_chunks import (ALL, DEFAULT_CHUNK_ROWS, DEFAU
 from dspark_obs.estimators.ceiling_evidence import align_requests, padded_lists, token_index
 from dspark_obs.estimators.ceiling_fit import CeilingFit
 from dspark_obs.estimators.ceiling_prior import fit_acceptance_model, fit_binned_prior
-from dspark_obs.estimators.ceiling_partial import (RunPartial, RunTotals, StagedCeiling, rid_positions,
+from dspark_obs.estimators.ceiling_partial import (RunPartial, RunTotals, rid_positions,
                                                    workload_labels)
 from dspark_obs.store import validate_run_id
 
@@ -201,8 +203,8 @@ def _aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, cor
     tokens, tcode = tokens.filter(pa.array(tcode >= 0)), tcode[tcode >= 0]
     index = token_index(tcode, _np(tokens, "pos", np.int64, -1), _np(tokens, "token_id", np.int64, -1),
                         logprob=_np(tokens, "logprob", np.float64, np.nan),
-                        top_ids=padded_lists(tokens.column("top_ids"), fill=-1, dtype=np.int64),
-                        top_logprobs=padded_lists(tokens.column("top_logprobs"), fill=np.nan, dtype=np.float64))
+                        top_ids=padded_lists(tokens.column("top_ids"), fill=-1),
+                        top_logprobs=padded_lists(tokens.column("top_logprobs"), fill=np.nan))
     del tokens
     completion = _np(steps, "completion_tokens", np.int64, -1)
     stop = pc.fill_null(pc.equal(steps.column("finish_reason"), "stop"), False).to_numpy(zero_copy_only=False)
@@ -443,7 +445,9 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
     con, store = _open(con_or_store)
     plan = plan_estimate(con, run_id, store.root, companion=companion, method=method, sglang_logprobs=sglang_logprobs,
                          chunk_rows=chunk_rows, fit_rows=fit_rows, temperature=temperature, alpha=alpha,
-                         fit=engine is not None, given=fit)
+                         fit=engine is not None and getattr(engine, "min_chunks", 0) <= 1, given=fit)
+    if engine is not None and len(plan.chunks) < getattr(engine, "min_chunks", 0):
+        engine = None   # a run of one chunk: this process, its one-pass figures
     if engine is not None:
         from dspark_obs.estimators import ceiling_ray
 
@@ -456,13 +460,21 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
         if progress is not None:
             progress(done[0], total)
 
-    with StagedCeiling(write) as staged:
+    # Each chunk's rows go straight to the store as staged part files (invisible to readers), committed
+    # with a rename once the whole run succeeded: a failure leaves the old results as they were.
+    batch, tables = f"ceiling-{secrets.token_hex(6)}" if write else None, []
+    sink = tables.append if batch is None else (lambda t: store.stage("ceiling", run_id, t, batch))
+    try:
         partial = estimate_chunks(con, plan, plan.chunks, store.root, n_bootstrap=n_bootstrap, seed=seed,
-                                  sink=staged.add, progress=advance)
+                                  sink=sink, progress=advance)
         summary, validation, companion = finish_estimate(plan, partial, n_bootstrap=n_bootstrap)
         if write:
-            replace_results(store, run_id, staged.parts(), summary, validation)
-        ceiling = None if write else staged.table()
+            replace_results(store, run_id, batch, summary, validation)
+            batch = None
+    finally:
+        if batch is not None:
+            store.discard_staged("ceiling", run_id, batch)
+    ceiling = pa.concat_tables(tables) if tables else None
     return result_of(plan, partial, summary, validation, companion, table=ceiling, store=store if write else None)
 
 

@@ -12,18 +12,16 @@ order.  :func:`merge_partials` adds them; the local path is the merge of one.
 
 from __future__ import annotations
 
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from dspark_obs.estimators import ceiling_stats, resampling
 from dspark_obs.estimators.ceiling_walk import CATEGORIES
 
-__all__ = ["RunTotals", "RunPartial", "merge_partials", "StagedCeiling", "rid_positions"]
+__all__ = ["RunTotals", "RunPartial", "merge_partials", "rid_positions"]
 
 
 def rid_positions(run_rids: list):
@@ -132,60 +130,6 @@ def merge_partials(parts: list[RunPartial]) -> RunPartial:
             out.sampling[key] = out.sampling.get(key, 0) + n
     out.summary = ceiling_stats.merge_summary_sums([p.summary for p in parts])
     return out
-
-
-class StagedCeiling:
-    """Chunks of the ``ceiling`` table kept on disk until the whole run succeeded.
-
-    The run's old results are replaced only after every chunk was computed, so a
-    failure leaves them as they were.  Without ``to_disk`` the chunks stay in
-    memory (the caller asked for the table).
-    """
-
-    def __init__(self, to_disk: bool) -> None:
-        self._to_disk = to_disk
-        self._tables: list[pa.Table] = []
-        self._dir = None
-        self._writer = None
-
-    def __enter__(self) -> "StagedCeiling":
-        if self._to_disk:
-            self._dir = tempfile.TemporaryDirectory(prefix="dspark-obs-ceiling-")
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        if self._dir is not None:
-            self._dir.cleanup()
-
-    def add(self, table: pa.Table) -> None:
-        if not self._to_disk:
-            self._tables.append(table)
-            return
-        if self._writer is None:
-            self._path = f"{self._dir.name}/ceiling.parquet"
-            self._writer = pq.ParquetWriter(self._path, table.schema, compression="lz4")
-        self._writer.write_table(table)
-
-    def parts(self, rows: int = 250_000):
-        """The staged rows in order, as tables of about ``rows`` rows."""
-        if self._writer is None:
-            return
-        self._writer.close()
-        self._writer = None
-        batches, n = [], 0
-        for batch in pq.ParquetFile(self._path).iter_batches(batch_size=65_536):
-            batches.append(batch)
-            n += batch.num_rows
-            if n >= rows:
-                yield pa.Table.from_batches(batches)
-                batches, n = [], 0
-        if batches:
-            yield pa.Table.from_batches(batches)
-
-    def table(self) -> pa.Table:
-        return pa.concat_tables(self._tables) if self._tables else None
 
 
 def workload_labels(steps: pa.Table) -> np.ndarray:

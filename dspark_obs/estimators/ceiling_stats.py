@@ -72,12 +72,21 @@ class GroupSums:
 
 def group_sums(sums: np.ndarray, den: np.ndarray, keys: np.ndarray, *, n_bootstrap: int, seed: int) -> GroupSums:
     """:class:`GroupSums` of per-request ``sums [r, m]`` and ``den [r]`` (one row per request, key ``keys``)."""
-    boot_sums, boot_den = np.zeros((n_bootstrap, sums.shape[1])), np.zeros(n_bootstrap)
+    return _groups_sums(keys, [(sums, den, np.arange(keys.size))], n_bootstrap=n_bootstrap, seed=seed)[0]
+
+
+def _groups_sums(keys: np.ndarray, groups: list, *, n_bootstrap: int, seed: int) -> list[GroupSums]:
+    """:func:`group_sums` of each ``(sums, den, columns)`` of ``groups``, whose requests are ``keys[columns]``:
+    each request's weights are drawn once for all the groups it is in (a weight depends on its key only)."""
+    boots = [(np.zeros((n_bootstrap, sums.shape[1])), np.zeros(n_bootstrap)) for sums, _, _ in groups]
     for start in range(0, n_bootstrap, resampling.BLOCK):  # bounded memory: [64, r] weights at a time
-        weights = resampling.poisson_weights(keys, min(resampling.BLOCK, n_bootstrap - start), seed, start=start)
-        boot_sums[start:start + weights.shape[0]] = weights @ sums
-        boot_den[start:start + weights.shape[0]] = weights @ den
-    return GroupSums(int(den.size), sums.sum(axis=0), float(den.sum()), boot_sums, boot_den)
+        drawn = resampling.poisson_weights(keys, min(resampling.BLOCK, n_bootstrap - start), seed, start=start)
+        for (sums, den, cols), (boot_sums, boot_den) in zip(groups, boots):
+            weights = drawn if cols.size == keys.size and (cols == np.arange(keys.size)).all() else drawn[:, cols]
+            boot_sums[start:start + weights.shape[0]] = weights @ sums
+            boot_den[start:start + weights.shape[0]] = weights @ den
+    return [GroupSums(int(den.size), sums.sum(axis=0), float(den.sum()), boot_sums, boot_den)
+            for (sums, den, _), (boot_sums, boot_den) in zip(groups, boots)]
 
 
 def _bootstrap_ratios(g: GroupSums, ratio_pairs: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -178,16 +187,19 @@ def summary_sums(totals: RequestTotals, *, n_bootstrap: int, seed: int) -> dict[
     out: dict[str, GroupSums] = {}
     if totals.request.size == 0:
         return out
+    names, groups = [], []
     for name, mask in _groups(totals.workload):
         if not mask.any():
             continue
-        req, sums, den, key = totals.request[mask], totals.sums[mask], totals.steps[mask], totals.key[mask]
+        cols = np.flatnonzero(mask)
+        req, sums, den = totals.request[cols], totals.sums[cols], totals.steps[cols]
         if req.size > 1 and (np.diff(req) == 0).any():  # a request under two workloads: one unit
             _, first, inv = np.unique(req, return_index=True, return_inverse=True)
             sums = np.stack([np.bincount(inv, weights=col) for col in sums.T], axis=1)
-            den, key = np.bincount(inv, weights=den), key[first]
-        out[name] = group_sums(sums, den, key, n_bootstrap=max(0, n_bootstrap), seed=seed)
-    return out
+            den, cols = np.bincount(inv, weights=den), cols[first]
+        names.append(name)
+        groups.append((sums, den, cols))
+    return dict(zip(names, _groups_sums(totals.key, groups, n_bootstrap=max(0, n_bootstrap), seed=seed)))
 
 
 def merge_summary_sums(parts: list[dict[str, GroupSums]]) -> dict[str, GroupSums]:

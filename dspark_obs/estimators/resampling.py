@@ -30,6 +30,9 @@ BLOCK = 64
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _POISSON_CDF = np.cumsum([math.exp(-1.0) / math.factorial(k) for k in range(24)])
+# The uniform of a draw is m / 2**53 (m: the top 53 bits, exact in float64), so ``uniform >= cdf`` is
+# ``m >= ceil(cdf * 2**53)``: the same counts from integer thresholds, without a float copy of the bits.
+_POISSON_THRESHOLDS = np.ceil(_POISSON_CDF * 9007199254740992.0).astype(np.uint64)
 
 
 def unit_keys(units) -> np.ndarray:
@@ -63,5 +66,4 @@ def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int
         stream = _mix(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * _GOLDEN
                       + np.arange(start, start + n_resamples, dtype=np.uint64) * _GOLDEN + _GOLDEN)
         bits = _mix(keys[None, :] ^ stream[:, None])
-    uniform = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
-    return np.searchsorted(_POISSON_CDF, uniform, side="right").astype(np.float64)
+    return np.searchsorted(_POISSON_THRESHOLDS, bits >> np.uint64(11), side="right").astype(np.float64)

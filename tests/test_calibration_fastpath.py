@@ -1,0 +1,71 @@
+"""Calibration a chunk at a time equals the implementation before its bootstrap was one product per cell and
+its weights drawn once per chunk: figures pinned from that implementation on a small generated store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+# 6,000-step generated store (seed 4), estimated first (chunks of 1,500, fit on 2,500, no bootstrap); then
+# calibrated in chunks of 1,500 steps with a 3,000-step sample, bootstrap 100, seed 2.  Per column of the
+# summary sorted by (workload, position, binning): the sum, and the sum weighted by row number mod 13 + 1.
+PINNED = {'observed': {'ece': [3.59477817242671, 25.973149270548852],
+              'ece_ci_lo': [2.7851437628132025, 20.262298826971847],
+              'ece_ci_hi': [4.406124178866498, 31.703064504974908],
+              'debiased_ece': [3.4070949468874954, 24.605588927072155],
+              'mce': [20.73738188077006, 141.30357387280168],
+              'brier': [6.585994434319477, 48.213077702621035],
+              'rows': 72},
+ 'reconstructed': {'ece': [2.3835067604026636, 17.141746019824524],
+                   'ece_ci_lo': [1.6384158130486104, 11.906755227445828],
+                   'ece_ci_hi': [3.1303093045829975, 22.395801603052274],
+                   'debiased_ece': [2.119960476826566, 15.225246576268098],
+                   'mce': [14.910119932649119, 91.68047237873867],
+                   'brier': [6.829380615734884, 50.469573807974854],
+                   'rows': 72}}
+
+
+@pytest.fixture(scope="module")
+def estimated(tmp_path_factory):
+    from bench.gen_store import generate
+    from dspark_obs.estimators import ceiling
+    from dspark_obs.store import Store
+
+    root = tmp_path_factory.mktemp("calpin")
+    generate(root, rows=6000, seed=4)
+    store = Store(root)
+    ceiling.estimate_run(store, "bench", n_bootstrap=0, chunk_rows=1500, fit_rows=2500)
+    return store
+
+
+@pytest.mark.parametrize("labels", ["observed", "reconstructed"])
+def test_chunked_calibration_equals_the_previous_implementation(estimated, labels):
+    from dspark_obs.estimators import calibration as cal
+
+    r = cal.calibrate_run(estimated, "bench", labels=labels, n_bootstrap=100, seed=2, write=False,
+                          chunk_rows=1500, sample_rows=3000)
+    t = r.summary.sort_by([(k, "ascending") for k in ("workload", "position", "binning")])
+    assert t.num_rows == PINNED[labels]["rows"]
+    weight = np.arange(t.num_rows) % 13 + 1
+    for col in ("ece", "ece_ci_lo", "ece_ci_hi", "debiased_ece", "mce", "brier"):
+        v = np.array([np.nan if x is None else x for x in t.column(col).to_pylist()], float)
+        got = [float(np.nansum(v)), float(np.nansum(weight * v))]
+        assert got == pytest.approx(PINNED[labels][col], rel=1e-12), col
+
+
+def test_poisson_weights_from_integer_thresholds_are_the_float_draws():
+    """Each weight equals the draw through a float uniform and a search of the Poisson(1) CDF."""
+    from dspark_obs.estimators import resampling as rs
+
+    keys = np.random.default_rng(7).integers(0, 2**63, 20_000, dtype=np.uint64)
+    fast = rs.poisson_weights(keys, 40, seed=5, start=3)
+    with np.errstate(over="ignore"):
+        stream = rs._mix(np.uint64(5) * rs._GOLDEN + np.arange(3, 43, dtype=np.uint64) * rs._GOLDEN + rs._GOLDEN)
+        bits = rs._mix(keys[None, :] ^ stream[:, None])
+    uniform = (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 9007199254740992.0)
+    ref = np.searchsorted(rs._POISSON_CDF, uniform, side="right").astype(np.float64)
+    assert np.array_equal(fast, ref) and fast.max() >= 5 and abs(fast.mean() - 1.0) < 0.01
+    # exactly at a threshold: the integer and float comparisons agree
+    edge = rs._POISSON_THRESHOLDS[:6].astype(np.uint64)
+    assert np.array_equal(np.searchsorted(rs._POISSON_THRESHOLDS, edge, side="right"),
+                          np.searchsorted(rs._POISSON_CDF, edge.astype(np.float64) / 9007199254740992.0, side="right"))

@@ -1,0 +1,146 @@
+"""The estimator's fast kernels against the implementations they replaced (kept here as references):
+the same numbers to float round-off, on random inputs and on a small generated store."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dspark_obs.estimators import ceiling_drafter as cd
+
+
+def _reference_q(m: cd.DrafterMap, confidence: np.ndarray, z: float = 0.0) -> np.ndarray:
+    """The drafter map's q through the full design matrix (the implementation before the closed form)."""
+    c = np.asarray(confidence, dtype=np.float64)
+    n, gamma = c.shape
+    offset = np.broadcast_to(np.arange(1, gamma + 1)[None, :], c.shape).reshape(-1)
+    x = cd._design(np.where(np.isnan(c), 0.5, c).reshape(-1), offset, gamma)
+    eta = x @ m.coef
+    if z:
+        eta = eta + z * np.sqrt(np.maximum(np.einsum("ij,jk,ik->i", x, m.cov, x), 0.0))
+    return cd._sigmoid(eta).reshape(n, gamma)
+
+
+def _fitted(gamma: int = 5, n: int = 6000, seed: int = 1) -> tuple[cd.DrafterMap, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    q = rng.uniform(0.02, 0.98, (n, gamma))
+    p = rng.uniform(0.0, 1.0, (n, gamma))
+    acc = rng.random((n, gamma)) < np.minimum(1.0, p / q) ** 1.3
+    correct = np.argmin(np.column_stack([acc, np.zeros(n, bool)]), axis=1)
+    m = cd.fit_drafter_map(q ** 0.8, p, np.ones((n, gamma), np.int8), np.full(n, gamma), correct, np.ones(n, bool))
+    conf = rng.uniform(0.0, 1.0, (n, gamma))
+    conf[rng.random((n, gamma)) < 0.05] = np.nan
+    conf[:3, 0] = [0.0, 1.0, 1e-9]
+    return m, conf
+
+
+@pytest.mark.parametrize("z", [0.0, 1.96, -1.96])
+def test_drafter_q_in_closed_form_is_the_design_matrix_product(z):
+    m, conf = _fitted()
+    assert m.fitted and np.abs(m.coef[2:]).max() > 1e-3       # per-position offsets that matter
+    fast, ref = m.q(conf, z=z), _reference_q(m, conf, z)
+    assert fast.shape == ref.shape and np.isfinite(fast).all()
+    np.testing.assert_allclose(fast, ref, rtol=1e-12, atol=1e-15)
+
+
+def _reference_nll(theta, x, log_p, y, penalty):
+    """The drafter fit's likelihood as first written (every term computed on every draft)."""
+    eta = x @ theta
+    log_q = -np.logaddexp(0.0, -eta)
+    u = cd._SHARP * (log_q - log_p)
+    log_a = -np.logaddexp(0.0, u) / cd._SHARP
+    s = cd._sigmoid(u)
+    a = np.exp(log_a)
+    one_minus = np.maximum(-np.expm1(log_a), 1e-12)
+    ll = np.where(y, log_a, np.log(one_minus))
+    d_logq = np.where(y, -s, (a / one_minus) * s)
+    grad_eta = d_logq * (1.0 - np.exp(log_q))
+    return float(-ll.sum() + 0.5 * np.sum(penalty * theta * theta)), -(x.T @ grad_eta) + penalty * theta
+
+
+def test_drafter_likelihood_is_bit_identical_to_the_reference():
+    rng = np.random.default_rng(3)
+    n, gamma = 5000, 4
+    c = rng.uniform(0.0, 1.0, n)
+    x = cd._design(c, rng.integers(1, gamma + 1, n), gamma)
+    log_p = np.log(rng.uniform(1e-6, 1.0, n))
+    y = rng.random(n) < 0.6
+    theta = rng.normal(0.0, 0.5, x.shape[1])
+    f, g = cd._nll(theta, x, log_p, y, cd._penalty(gamma))
+    rf, rg = _reference_nll(theta, x, log_p, y, cd._penalty(gamma))
+    assert f == rf and np.array_equal(g, rg)
+
+
+# The estimate of a 6,000-step generated store (seed 4, bootstrap 100, seed 3) by the implementation
+# before the fast kernels: sums of lo/mid/hi over the steps in (rid, dp_rank, forward_ct) order (plain and
+# weighted by row number mod 97) and the float figures of the summary's first row, in column-name order.
+PINNED = {'one': {'lo': [20387.67930460871, 978444.8781152371],
+         'mid': [20437.72796271822, 980854.8887272394],
+         'hi': [23606.543132691717, 1134314.5778865404],
+         'summary_star': [4.926570714020579,
+                          5.062746021681749,
+                          4.803359424659215,
+                          4.391164222323474,
+                          4.5115555830196366,
+                          4.24921790513737,
+                          4.3994890157548605,
+                          4.518987229817219,
+                          4.25790058827927,
+                          0.38739188290086496,
+                          4.219560878243513,
+                          4.347655931571236,
+                          4.0754249284265605,
+                          3.8980372588157017,
+                          0.9591024919332647,
+                          0.8564904724162431,
+                          0.9609207637447088,
+                          0.9630020521060672,
+                          0.9545492766962049]},
+ 'chunks': {'lo': [20364.371399242827, 977316.6501324554],
+            'mid': [20442.855106726085, 981103.5407869741],
+            'hi': [23607.163974570944, 1134360.787567706],
+            'summary_star': [4.9266739811328915,
+                             5.062854614714096,
+                             4.803512627405054,
+                             4.387287325223356,
+                             4.507749650440126,
+                             4.245382243080968,
+                             4.400341834119443,
+                             4.519771928348489,
+                             4.258764707003118,
+                             0.38739188290086496,
+                             4.219560878243513,
+                             4.347655931571236,
+                             4.0754249284265605,
+                             3.8980372588157017,
+                             0.9589166108700494,
+                             0.8564725196760884,
+                             0.9617698968527655,
+                             0.9628196040265371,
+                             0.9543475673042311]}}
+PINNED_OPTS = {"one": {}, "chunks": {"chunk_rows": 1500, "fit_rows": 2500}}
+
+
+@pytest.fixture(scope="module")
+def small_store(tmp_path_factory):
+    from bench.gen_store import generate
+    from dspark_obs.store import Store
+
+    root = tmp_path_factory.mktemp("pinned")
+    generate(root, rows=6000, seed=4)
+    return Store(root)
+
+
+@pytest.mark.parametrize("variant", ["one", "chunks"])
+def test_the_estimate_equals_the_previous_implementation_on_a_generated_store(small_store, variant):
+    from dspark_obs.estimators import ceiling
+
+    r = ceiling.estimate_run(small_store, "bench", write=False, n_bootstrap=100, seed=3, **PINNED_OPTS[variant])
+    t = r.table.sort_by([(k, "ascending") for k in ("rid", "dp_rank", "forward_ct")])
+    weight = np.arange(t.num_rows) % 97
+    for col in ("lo", "mid", "hi"):
+        v = t.column(col).to_numpy()
+        assert [float(v.sum()), float((weight * v).sum())] == pytest.approx(PINNED[variant][col], rel=1e-12), col
+    row = r.summary.to_pylist()[0]
+    floats = [row[k] for k in sorted(row) if isinstance(row[k], float)]
+    assert floats == pytest.approx(PINNED[variant]["summary_star"], rel=1e-12)

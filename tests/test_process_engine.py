@@ -1,0 +1,103 @@
+"""``--jobs N``: the run's shards on worker processes give the tables of one process (per-step rows exactly,
+summaries and bootstrap CIs to the order of float additions), and the options check each other."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from typer.testing import CliRunner
+
+from dspark_obs.cli import app
+from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators import ceiling
+from dspark_obs.process_engine import ProcessEngine, default_jobs
+from dspark_obs.store import Store
+
+STEP_KEYS = [(k, "ascending") for k in ("rid", "dp_rank", "forward_ct")]
+
+
+@pytest.fixture(scope="module")
+def generated(tmp_path_factory) -> Store:
+    from bench.gen_store import generate
+
+    root = tmp_path_factory.mktemp("jobs")
+    generate(root, rows=6000, seed=4)
+    return Store(root)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    engine = ProcessEngine(2, preload=("dspark_obs.estimators.ceiling_ray",)).start()
+    yield engine
+    engine.close()
+
+
+def _same_rows(a, b, keys, what: str) -> None:
+    a, b = a.sort_by(keys).to_pylist(), b.sort_by(keys).to_pylist()
+    assert len(a) == len(b) > 0, what
+    for x, y in zip(a, b):
+        for col, u in x.items():
+            assert y[col] == pytest.approx(u, rel=1e-9, nan_ok=True) if isinstance(u, float) else y[col] == u, (what, col)
+
+
+def test_the_pool_maps_in_call_order_on_other_processes(pool):
+    seen = []
+    out = pool.map(os.getpid, [()] * 4, done=seen.append)
+    assert len(out) == 4 and sorted(seen) == sorted(out) and os.getpid() not in out
+    assert pool.parallelism() == 2 and default_jobs() >= 1
+
+
+def test_two_processes_give_the_one_process_estimate(generated, pool):
+    opts = dict(n_bootstrap=150, seed=3, chunk_rows=1500, fit_rows=2500, write=False)
+    one = ceiling.estimate_run(generated, "bench", **opts)
+    two = ceiling.estimate_run(generated, "bench", engine=pool, **opts)
+    assert one.truth_source == two.truth_source == "emulator"
+    _same_rows(one.table, two.table, STEP_KEYS, "ceiling")
+    _same_rows(one.summary, two.summary, [("workload", "ascending")], "ceiling_summary")
+    _same_rows(one.validation, two.validation, [("group_kind", "ascending"), ("group", "ascending")],
+               "ceiling_validation")
+    assert one.sampling_counts == two.sampling_counts
+
+
+def test_two_processes_give_the_one_process_calibration(generated, pool):
+    ceiling.estimate_run(generated, "bench", n_bootstrap=0, chunk_rows=1500, fit_rows=2500)
+    keys = [(k, "ascending") for k in ("workload", "position", "binning")]
+    for labels in ("observed", "reconstructed"):
+        kw = dict(labels=labels, n_bootstrap=80, seed=2, write=False, chunk_rows=1500, sample_rows=3000)
+        one = cal.calibrate_run(generated, "bench", **kw)
+        two = cal.calibrate_run(generated, "bench", engine=pool, **kw)
+        _same_rows(one.summary, two.summary, keys, f"calibration {labels}")
+        _same_rows(one.bins, two.bins, keys + [("bin", "ascending")], f"calibration_bins {labels}")
+        assert one.notes == two.notes
+
+
+def test_a_run_of_one_chunk_stays_in_this_process(generated):
+    class Refusing(ProcessEngine):
+        def map(self, *a, **k):
+            raise AssertionError("a one-chunk run was sent to the pool")
+
+    engine = Refusing(2)   # never started: nothing forked
+    one = ceiling.estimate_run(generated, "bench", n_bootstrap=50, write=False)
+    same = ceiling.estimate_run(generated, "bench", n_bootstrap=50, write=False, engine=engine)
+    assert one.table.to_pylist() == same.table.to_pylist() and one.summary.equals(same.summary)
+    assert cal.calibrate_run(generated, "bench", n_bootstrap=20, write=False,
+                             engine=engine).summary.equals(cal.calibrate_run(generated, "bench", n_bootstrap=20,
+                                                                            write=False).summary)
+
+
+def test_jobs_is_for_the_local_engine():
+    result = CliRunner().invoke(app, ["estimate", "--data", ".", "--engine", "ray", "--jobs", "2"])
+    assert result.exit_code != 0 and "--jobs sizes the local engine" in " ".join(result.output.split())
+    result = CliRunner().invoke(app, ["calibrate", "--data", ".", "--run", "x", "--jobs", "0"])
+    assert result.exit_code != 0
+
+
+def test_the_command_s_workers_end_with_it(generated):
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}
+    result = CliRunner().invoke(app, ["calibrate", "--data", str(generated.root), "--run", "bench", "--labels",
+                                      "observed", "--bootstrap", "0", "--jobs", "2"])
+    assert result.exit_code == 0, result.output
+    assert {p.pid for p in multiprocessing.active_children()} <= before
