@@ -328,7 +328,7 @@ def _regret(row: Mapping[str, Any], lim: Limits) -> list[Finding]:
     if regret > lim.max_trim_regret:
         out.append(Finding("warn", "trim_regret", "trimming cuts windows that would have been accepted",
                            evidence, "check the confidence head's calibration (`dspark-obs calibrate`) and the "
-                           f"cost table; `dspark-obs replay` predicts the gain of a change", figs))
+                           "cost table; `dspark-obs replay` predicts the gain of a change", figs))
     else:
         out.append(Finding("ok", "trim_regret", "trim regret within its limit", evidence, "", figs))
     if lost is None:

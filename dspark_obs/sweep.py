@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 METHODS = ("no-spec", "fixed-window", "compact", "no-trim")
