@@ -83,7 +83,7 @@ def test_the_commands_on_ray_over_s3_write_the_local_tables(store, request, tmp_
     src = request.getfixturevalue(store)
     run = "demo-compact-s0" if store == "demo_store" else "bench"
     local = tmp_path / "local"
-    shutil.copytree(src, local)
+    shutil.copytree(src, local, ignore=lambda d, names: [n for n in names if d == str(src) and n not in INPUTS])
     url = (f"s3://ray-tier/{store}?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"
            "&allow_bucket_creation=true")
     upload(src, url, tables=INPUTS)
