@@ -21,6 +21,7 @@ import importlib
 import multiprocessing
 import os
 import sys
+import types
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
@@ -65,8 +66,16 @@ class ProcessEngine:
         for name in self.preload if fork else ():
             importlib.import_module(name)
         context = multiprocessing.get_context("fork" if fork else "spawn")
-        self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context, initializer=_worker_init)
-        for f in [self._pool.submit(_ready) for _ in range(self.jobs)]:   # fork every worker now
+        main = sys.modules.get("__main__")
+        if not fork:  # a spawned worker re-runs the caller's __main__ (e.g. a Streamlit script): give it none
+            sys.modules["__main__"] = types.ModuleType("__main__")
+        try:
+            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context, initializer=_worker_init)
+            futures = [self._pool.submit(_ready) for _ in range(self.jobs)]   # start every worker now
+        finally:
+            if main is not None:
+                sys.modules["__main__"] = main
+        for f in futures:
             f.result()
         atexit.register(self.close)   # the workers end (and are waited for) with the command
         return self

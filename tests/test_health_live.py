@@ -222,14 +222,13 @@ def test_live_ceiling_for_sampled_requests_equals_the_offline_estimate_with_the_
     from dspark_obs.estimators.ceiling import estimate_run
     from dspark_obs.estimators.ceiling_fit import CeilingFit
 
-    # --jobs 1: in this test process (Streamlit's AppTest ran before) a spawned worker would re-import its main
     store = Store(tmp_path / "data")
     drive = DriveSpec(["gsm8k", "arena-hard", "poetry"], 24, concurrency=8, max_new_tokens=64, temperature=0.8)
     with BackgroundServer(EngineConfig(mode="compact", seed=4, dp_size=2)) as srv:
         opts = CollectOptions(url=srv.url, run_id="earlier", poll_interval=0.05, flush_interval=0.2, drive=drive)
         asyncio.run(Collector(store, opts).run())
         path = tmp_path / "fit.json"  # estimate --fit-out of an earlier run of the same deployment
-        res = runner.invoke(app, ["estimate", "--data", str(store.root), "--run", "earlier", "--bootstrap", "0", "--jobs", "1",
+        res = runner.invoke(app, ["estimate", "--data", str(store.root), "--run", "earlier", "--bootstrap", "0",
                                   "--fit-out", str(path)])
         assert res.exit_code == 0, res.output
         fit = CeilingFit.load(path)
@@ -241,7 +240,7 @@ def test_live_ceiling_for_sampled_requests_equals_the_offline_estimate_with_the_
         asyncio.run(Collector(store, opts, metrics=metrics).run())
     final = scrape(port)
     metrics.close()
-    res = runner.invoke(app, ["estimate", "--data", str(store.root), "--run", "today", "--bootstrap", "0", "--jobs", "1",
+    res = runner.invoke(app, ["estimate", "--data", str(store.root), "--run", "today", "--bootstrap", "0",
                               "--fit-in", str(path)])
     assert res.exit_code == 0, res.output
     rows = store.read("ceiling", "today").to_pandas()

@@ -101,3 +101,22 @@ def test_the_command_s_workers_end_with_it(generated):
                                       "observed", "--bootstrap", "0", "--jobs", "2"])
     assert result.exit_code == 0, result.output
     assert {p.pid for p in multiprocessing.active_children()} <= before
+
+
+def test_workers_start_whatever_the_callers_main_module_is(monkeypatch):
+    """A caller whose __main__ is a script that cannot run again (Streamlit's AppTest puts the page there):
+    spawned workers must not re-run it, or they die before their first task."""
+    import sys
+    import types
+
+    import duckdb  # noqa: F401  (loaded: the pool spawns rather than forks)
+
+    script = types.ModuleType("__main__")
+    script.__file__ = "/nonexistent/page_script.py"
+    monkeypatch.setitem(sys.modules, "__main__", script)
+    engine = ProcessEngine(2).start()
+    try:
+        assert engine.map(pow, [(2, 3), (3, 2)]) == [8, 9]
+    finally:
+        engine.close()
+    assert sys.modules["__main__"] is script
