@@ -1,6 +1,7 @@
 """The collector over real HTTP: every record exactly once, and every loss reported."""
 
 import asyncio
+import time
 
 import httpx
 import msgspec
@@ -53,8 +54,35 @@ def test_every_record_lands_exactly_once(tmp_path, emulator, dp_size):
     assert mismatch == 0
 
 
+def _clear_after_a_step(engine) -> None:
+    """Make every clear race the step loop, as it does on a busy server.
+
+    On a loaded machine the engine can sit still between the collector's dump
+    and its clear, and then a clear loses nothing; here the clear waits (while
+    work is in flight) until the engine has made another record, so each clear
+    during the run drops at least that record and the pending step.
+    """
+    original = engine.clear_records
+
+    def clear_records():
+        def produced():
+            return sum(rank.dumper.records_produced for rank in engine.ranks)
+
+        def busy():
+            return any(rank.waiting or rank.running for rank in engine.ranks)
+
+        start = produced()
+        deadline = time.monotonic() + 10.0
+        while busy() and produced() == start and time.monotonic() < deadline:
+            time.sleep(0.001)
+        original()
+
+    engine.clear_records = clear_records
+
+
 def test_clears_lose_records_only_inside_reported_gaps(tmp_path, emulator):
-    srv = emulator(mode="compact", seed=5, track_produced=True)
+    srv = emulator(mode="compact", seed=5, track_produced=True, real_time=0.2)
+    _clear_after_a_step(srv.emulator.engine)
     store = Store(tmp_path)
     summary = collect(store, CollectOptions(
         url=srv.url, run_id="r2", poll_interval=0.05, clear_at=5, flush_interval=0.2,
