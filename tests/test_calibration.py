@@ -373,7 +373,11 @@ def test_errors_name_the_fix(store):
 
 @pytest.fixture(scope="module")
 def emulated(tmp_path_factory):
-    """A compact run and its cap-accept companion on the emulator (default head, 60 requests)."""
+    """A compact run and its cap-accept companion on the emulator (default head, 60 requests).
+
+    Lockstep batching: the engine waits for the closed-loop client to refill its batch, so both
+    runs meet the same batches (and the same trimming) however loaded the machine is.
+    """
     from collectors.sglang.driver import DriveSpec
     from collectors.sglang.session import CollectOptions, collect
     from dspark_obs.emulator.engine import EngineConfig
@@ -383,7 +387,7 @@ def emulated(tmp_path_factory):
     spec = DriveSpec(["gsm8k", "arena-hard", "poetry"], 60, concurrency=24, temperature=0.7,
                      max_new_tokens=200, seed=1)
     for mode, run in (("compact", "emu-c"), ("cap-accept", "emu-ca")):
-        with BackgroundServer(EngineConfig(mode=mode, seed=1)) as server:
+        with BackgroundServer(EngineConfig(mode=mode, seed=1, lockstep_concurrency=24, lockstep_wait_s=2.0)) as server:
             collect(store, CollectOptions(url=server.url, run_id=run, poll_interval=0.2, flush_interval=1.0,
                                           drive=spec, companion_of="emu-c" if mode == "cap-accept" else None))
     return store

@@ -80,9 +80,12 @@ def test_greedy_ceiling_equals_the_emulators_block_accept_inside_the_output(stor
     # ... and the cap-accept companion agrees on every paired step.
     assert result.truth_source == "companion" and result.companion == "greedy-cap-accept"
     cats = {r["group"]: r for r in result.validation.to_pylist() if r["group_kind"] == "category"}
-    for name, row in cats.items():
-        if name != "censored_at_end":
-            assert row["mae"] == 0.0 and row["coverage"] == 1.0, name
+    # a category may meet no paired step (pairing needs the companion to have met the same batch,
+    # which its lockstep only waits for so long on a loaded machine): judged where it has some
+    judged = {name: row for name, row in cats.items() if name != "censored_at_end" and row["coverage_n"]}
+    assert judged
+    for name, row in judged.items():
+        assert row["mae"] == 0.0 and row["coverage"] == 1.0, name
     censored = c["censored"]
     print(f"\ngreedy: {int(inside.sum())}/{len(inside)} steps exact "
           f"({int((censored & inside).sum())} censored), {int(at_end.sum())} at the end of a length-cut output; "

@@ -93,7 +93,7 @@ def test_doctor_lists_unclosed_runs_and_leftover_tmp(tmp_path):
 
 
 def test_every_command_still_runs_on_a_store_with_a_truncated_file(tmp_path, emulator):
-    """A real run, one of its step_reqs files cut short: sql, estimate, calibrate and doctor still run."""
+    """A real run, its step_reqs files cut short: sql, estimate, calibrate and doctor still run."""
     from collectors.sglang.driver import DriveSpec
     from collectors.sglang.session import CollectOptions, collect
 
@@ -104,8 +104,11 @@ def test_every_command_still_runs_on_a_store_with_a_truncated_file(tmp_path, emu
         collect(store, CollectOptions(url=srv.url, run_id=f"r{part}", poll_interval=0.05, flush_interval=0.1,
                                       drive=DriveSpec(["gsm8k", "poetry"], 4, concurrency=2, max_new_tokens=40,
                                                       temperature=0.7)))
-    victim = sorted((root / "step_reqs" / "run_id=r0").glob("part-*.parquet"))[0]
-    victim.write_bytes(victim.read_bytes()[:100])
+    # every step_reqs file of r0 cut short (how many flushes a run makes depends on the machine's speed)
+    victims = sorted((root / "step_reqs" / "run_id=r0").glob("part-*.parquet"))
+    assert victims
+    for victim in victims:
+        victim.write_bytes(victim.read_bytes()[:100])
     commands = [
         ["sql", "--data", str(root), "select count(*) from runs"],
         ["estimate", "--data", str(root), "--run", "r1", "--bootstrap", "20"],
@@ -119,8 +122,8 @@ def test_every_command_still_runs_on_a_store_with_a_truncated_file(tmp_path, emu
     assert result.exit_code == 2 and isinstance(result.exception, SystemExit)
     assert "runs with steps: r1" in " ".join(result.output.split())
     result = runner.invoke(app, ["doctor", "--data", str(root)])
-    assert result.exit_code == 1 and victim.name in result.stdout
-    assert not victim.exists()
+    assert result.exit_code == 1 and all(v.name in result.stdout for v in victims)
+    assert not any(v.exists() for v in victims)
 
 
 def test_doctor_closes_runs_whose_collector_is_gone_as_crashed(tmp_path):
