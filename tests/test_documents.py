@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import msgspec
 import pytest
+
+from collectors.importers import documents
 
 from collectors.importers.documents import iter_documents, iter_json_documents
 
@@ -47,3 +50,41 @@ def test_text_that_is_not_json_ends_its_line_and_the_next_line_is_read(tmp_path)
     got = list(iter_documents(path, chunk_bytes=8))
     assert [(d.line, d.error is None) for d in got] == [(1, True), (1, False), (2, True), (3, False)]
     assert got[1].text.startswith("not json") and "cut" in got[3].text
+
+
+@pytest.mark.parametrize("chunk", [7, 64, 1 << 20])
+@pytest.mark.parametrize("sep", [b"\n", b"", b"  \r\n\n"])
+def test_with_a_decoder_the_documents_are_the_same_and_a_line_is_parsed_once(tmp_path, monkeypatch, sep, chunk):
+    encoded = [json.dumps(d, separators=(",", ":")).encode() for d in DOCS]
+    path = _write(tmp_path, sep.join(encoded) + sep)
+    plain = list(iter_documents(path, chunk_bytes=chunk))
+    scans, calls = [], []
+    real_end = documents._document_end
+    monkeypatch.setattr(documents, "_document_end", lambda buf: scans.append(1) or real_end(buf))
+
+    def decode(data: bytes):
+        calls.append(data)
+        return msgspec.json.decode(data)
+
+    got = list(iter_documents(path, chunk_bytes=chunk, decode=decode))
+    assert [(d.line, d.data) for d in got] == [(d.line, d.data) for d in plain]
+    assert [d.decoded if d.decoded is not None else d.value() for d in got] == DOCS
+    if sep and chunk > len(b"".join(encoded)):  # every line held whole: each parsed once, no scan
+        assert calls == encoded and not scans and all(d.decoded is not None for d in got)
+
+
+def test_a_line_the_decoder_refuses_is_split_by_the_scan(tmp_path):
+    path = _write(tmp_path, b'{"a": 1}{"a": 2}\n{"b": 3} oops\n{"a": 4}\n')
+
+    def only_a(data: bytes):
+        value = msgspec.json.decode(data)
+        if "a" not in value:
+            raise ValueError("not an a")
+        return value
+
+    got = list(iter_documents(path, decode=only_a))
+    assert [(d.line, d.data, d.error is None) for d in got] == [
+        (1, b'{"a": 1}', True), (1, b'{"a": 2}', True), (2, b'{"b": 3}', True), (2, None, False),
+        (3, b'{"a": 4}', True)]
+    # after the scan splits the first document off, the rest of its line is one document
+    assert [d.decoded for d in got] == [None, {"a": 2}, None, None, {"a": 4}]

@@ -9,6 +9,12 @@ writes no newline).  The file is read in chunks; a document's end is found
 by msgspec's validating scan (``type=msgspec.Raw``, no values built), so
 memory stays at about one document, however long the line.
 
+With ``decode`` (the caller's one decoder, e.g. ``decode_server_info``), a
+whole line already in the buffer goes to it first and comes back with its
+value: for a file of one document per line that is the only parse.  A line
+``decode`` refuses (two documents run together, text that is not JSON, a
+document of another kind) is split by the scan as above.
+
 A document msgspec does not accept (``NaN``/``Infinity`` as Python's
 ``json.dumps`` writes them, or text that is not JSON) goes through the
 stdlib decoder; what that accepts comes back with its values and as
@@ -21,7 +27,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import msgspec
 
@@ -38,14 +44,18 @@ class Document:
     error: Optional[str] = None
     text: str = ""  # the document's text when it is not JSON (for a dead letter)
     parsed: Any = None  # the stdlib's values, for a document only it reads (they keep NaN and infinities)
+    decoded: Any = None  # what the caller's ``decode`` made of it, when it read the line whole
 
     def value(self) -> Any:
         """The document as Python values."""
         return self.parsed if self.parsed is not None else msgspec.json.decode(self.data)
 
 
-def iter_documents(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator[Document]:
+def iter_documents(path: str | Path, chunk_bytes: int = CHUNK_BYTES,
+                   decode: Optional[Callable[[bytes], Any]] = None) -> Iterator[Document]:
     """Each JSON document of ``path`` in order; text that is not JSON ends its line as one error.
+
+    ``decode`` raises (``ValueError``, ``TypeError``, ``OverflowError``) for a line it cannot read as one document.
 
     >>> import tempfile, os
     >>> f = tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False)
@@ -66,6 +76,14 @@ def iter_documents(path: str | Path, chunk_bytes: int = CHUNK_BYTES) -> Iterator
                 continue
             if not buf:
                 return
+            if decode is not None:
+                whole = _decoded_line(buf, eof, decode)
+                if whole is not None:
+                    stop, data, value = whole
+                    yield Document(line, data, decoded=value)
+                    typical = max(typical, stop)
+                    buf = buf[stop:]
+                    continue
             end = _document_end(buf)
             if end is None and not eof:  # longer than we guessed: read as much again and rescan
                 buf, eof = _read(f, len(buf), buf)
@@ -98,6 +116,27 @@ def iter_json_documents(path: str | Path) -> Iterator[tuple[int, Any, Optional[s
             yield doc.line, None, doc.error, doc.text
         else:
             yield doc.line, doc.value(), None, doc.data.decode("utf-8", "replace")
+
+
+def _decoded_line(buf: bytes, eof: bool, decode: Callable[[bytes], Any]) -> Optional[tuple[int, bytes, Any]]:
+    """``(end, data, value)`` when the first line of ``buf`` is whole and ``decode`` reads it; else None.
+
+    Only a line already held is tried (a file with no newlines is split by the
+    scan, never read whole); its newline is left for the caller to count.
+    """
+    stop = buf.find(b"\n")
+    if stop < 0:
+        if not eof:
+            return None
+        stop = len(buf)
+    end = stop
+    while end and buf[end - 1] in _WHITESPACE:
+        end -= 1
+    data = buf[:end] if end < len(buf) else buf
+    try:
+        return stop, data, decode(data)
+    except (ValueError, TypeError, OverflowError):  # msgspec's errors are ValueErrors; the scan decides
+        return None
 
 
 def _read(f, size: int, buf: bytes) -> tuple[bytes, bool]:

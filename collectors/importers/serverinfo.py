@@ -26,12 +26,12 @@ def import_server_info(store, run_id: str, path: str | Path) -> ImportResult:
     sink = TableSink(store, run_id, result)
     cursor = ForwardCursor()
     source = f"server-info:{Path(path).name}"
-    for doc in iter_documents(path):
+    for doc in iter_documents(path, decode=decode_server_info):  # one parse per body, where it is one line
         line, body = doc.line, doc.data
         try:
             if doc.error is not None:
                 raise PayloadError(doc.error)
-            info = decode_server_info(body)
+            info = doc.decoded if doc.decoded is not None else decode_server_info(body)
         except (PayloadError, TypeError, ValueError, OverflowError) as exc:
             sink.dead(f"{source}:{line}", str(exc), doc.text or body[:65536].decode("utf-8", "replace"))
             continue
