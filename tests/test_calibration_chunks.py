@@ -1,4 +1,4 @@
-"""Tests for calibration_chunks: calibrate_run over chunks of requests equals one pass."""
+"""Tests for calibration.chunks: calibrate_run over chunks of requests equals one pass."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pytest
 
 from dspark_obs import sql
 from dspark_obs.estimators import calibration as cal
-from dspark_obs.estimators import calibration_metrics as metrics
+from dspark_obs.estimators.calibration import metrics
 from dspark_obs.estimators import resampling
-from dspark_obs.estimators.calibration_chunks import plan_run
+from dspark_obs.estimators.calibration.chunks import plan_run
 from dspark_obs.estimators.ceiling import estimate_run
 from dspark_obs.store import Store
 

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from dspark_obs.estimators.ceiling import estimate_ceiling
-from dspark_obs.estimators.ceiling_evidence import (
+from dspark_obs.estimators.ceiling.evidence import (
     Evidence, check_alignment, draft_evidence, token_index,
 )
-from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model
-from dspark_obs.estimators.ceiling_stats import equal_count_bins, summarize, validate
-from dspark_obs.estimators.ceiling_walk import CATEGORIES, sglang_interval, walk_blocks
+from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
+from dspark_obs.estimators.ceiling.prior import AcceptanceModel, fit_acceptance_model
+from dspark_obs.estimators.ceiling.stats import equal_count_bins, summarize, validate
+from dspark_obs.estimators.ceiling.walk import CATEGORIES, sglang_interval, walk_blocks
 
 NAN = math.nan
 G = 4  # gamma of the hand-computed cases
@@ -356,7 +356,8 @@ def test_summary_bootstrap_in_blocks_draws_the_resamples_of_one_draw():
     """The request bootstrap is drawn 64 resamples at a time (bounded memory); its interval is the
     percentile interval of the Poisson weights drawn per request, and any split of the requests
     sums to the same resamples (what --engine ray merges)."""
-    from dspark_obs.estimators import ceiling_stats, resampling
+    from dspark_obs.estimators import resampling
+    from dspark_obs.estimators.ceiling import stats as ceiling_stats
 
     rng = np.random.default_rng(3)
     r, b = 500, 150  # 150 resamples: two full blocks and a partial one

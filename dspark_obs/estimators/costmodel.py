@@ -64,28 +64,6 @@ _f64, _i64, _str, _bool = pa.float64(), pa.int64(), pa.string(), pa.bool_()
 _field = schema.field  # a documented column
 
 
-COSTMODEL_FIT = pa.schema([
-    _field("model", _str, "fitted (the exported SGLang table) | fitted+context"),
-    _field("term", _str, "bias | alpha | theta | context"),
-    _field("probe", _i64, "bs probe (alpha) or M probe (theta); null for bias and context"),
-    _field("value_seconds", _f64, "term value in seconds (context: seconds per prefix token)"),
-    _field("stderr_seconds", _f64, "least-squares standard error; 0 for the pinned first probes"),
-    _field("covered", _bool, "data lies near the probe (hat weight >= 0.5 in some cell)"),
-    _field("timer", _str, "step timer fitted: step_gpu_ms | step_cpu_ms | target_verify_gpu_ms"),
-    _field("pooled_runs", _str, "comma-separated runs whose steps were pooled into this fit"),
-])
-COSTMODEL_ERROR = pa.schema([
-    _field("model", _str, "fitted | fitted+context | server (the step's own predicted_step_ms)"),
-    _field("bs_bucket", _str, "batch sizes [lo, hi] of a probe interval, e.g. '8-15', or '*' for all"),
-    _field("n", _i64, "steps with both a measured and a predicted time"),
-    _field("mape", _f64, "mean absolute percentage error as a fraction (0.02 = 2%)"),
-    _field("bias_ms", _f64, "mean of predicted - measured, ms (positive: model too slow)"),
-    _field("timer", _str, "step timer compared against"),
-])
-schema.register("costmodel_fit", COSTMODEL_FIT)
-schema.register("costmodel_error", COSTMODEL_ERROR)
-
-
 # -- pure functions ----------------------------------------------------------------
 
 def target_tokens(mode: Sequence[str] | np.ndarray, bs: np.ndarray, num_verify_tokens: np.ndarray,

@@ -41,6 +41,9 @@ import pyarrow.compute as pc
 from dspark_obs import costtable as ct
 from dspark_obs import schema
 from dspark_obs import sql as sqlmod
+from dspark_obs.estimators.calibration.recalibration import apply_survival_map
+from dspark_obs.estimators.costmodel import TIMERS, fitted_table_of
+from dspark_obs.estimators.pairing import companion_of, paired_steps
 from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
 
 __all__ = [
@@ -54,34 +57,6 @@ _f64, _i64, _str = pa.float64(), pa.int64(), pa.string()
 
 
 _field = schema.field  # a documented column
-
-
-REPLAY_CONFORMANCE = pa.schema([
-    _field("steps", _i64, "decode steps replayed (known history)"),
-    _field("matching_steps", _i64, "steps whose replayed verify_len equal the logged ones for every request"),
-    _field("share", _f64, "matching_steps / steps"),
-    _field("budget_matches", _i64, "steps whose replayed budget equals the logged budget"),
-    _field("unknown_history_steps", _i64, "steps not replayed: their lag window straddles a collection gap"),
-    _field("table", _str, "cost table the replay planned with (where it came from)"),
-])
-REPLAY_WHATIF = pa.schema([
-    _field("scenario", _str, "logged (measured) | replay | sts | recalibration (a survival map, "
-                             "calibrate --recalibrate-out) | table | sts+table"),
-    _field("steps", _i64, "decode steps priced"),
-    _field("accepted_tokens_mean", _f64, "committed tokens per step (sum of acc_len), mid estimate"),
-    _field("accepted_tokens_lo", _f64, "same, low end of the full-block acceptance interval"),
-    _field("accepted_tokens_hi", _f64, "same, high end"),
-    _field("acc_len_mean", _f64, "committed tokens per request-step, mid estimate"),
-    _field("step_ms_mean", _f64, "mean step time, ms (logged: measured; others: the time model)"),
-    _field("tokens_per_s", _f64, "sum over DP ranks of tokens / step time, mid estimate"),
-    _field("tokens_per_s_lo", _f64, "low end"),
-    _field("tokens_per_s_hi", _f64, "high end"),
-    _field("acceptance_source", _str, "logged | truth | ceiling | survival: the weakest source any step needed"),
-    _field("estimated_share", _f64, "share of request-steps whose full-block acceptance was estimated"),
-    _field("time_model", _str, "how step time was priced"),
-])
-schema.register("replay_conformance", REPLAY_CONFORMANCE)
-schema.register("replay_whatif", REPLAY_WHATIF)
 
 
 # -- pure functions ----------------------------------------------------------------
@@ -461,8 +436,6 @@ def load_step_log(con, run: str, *, timer: str = "step_gpu_ms", use_emulator_tru
 
 
 def _timer(timer: str) -> str:
-    from dspark_obs.estimators.costmodel import TIMERS
-
     if timer not in TIMERS:
         raise ValueError(f"timer {timer!r} is not one of {', '.join(TIMERS)} (--timer)")
     return timer
@@ -489,8 +462,6 @@ def _after_gaps(con, run: str, dp: np.ndarray, seg: np.ndarray, fct: np.ndarray,
 
 
 def _companion_truth(con, run: str, reqs: pa.Table) -> Optional[np.ndarray]:
-    from dspark_obs.estimators.pairing import companion_of, paired_steps
-
     companion = companion_of(con, run)
     if companion is None:
         return None
@@ -572,7 +543,7 @@ def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
                timer: str = "step_gpu_ms") -> ReplayReport:
     """Conformance of ``run`` and its what-if scenarios (see the module docstring).
 
-    ``survival_maps`` (:func:`~dspark_obs.estimators.recalibration.load_survival_map`)
+    ``survival_maps`` (:func:`~dspark_obs.estimators.calibration.recalibration.load_survival_map`)
     re-plans with recalibrated survivals (scenario ``recalibration``).
     ``sps_table`` is the table the server planned with (default: :func:`planning_table`);
     ``whatif_table`` another one to plan with; ``time_table`` prices steps (default: the
@@ -586,8 +557,6 @@ def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
         table_note = "--sps-table"
     time_note = "time_table argument"
     if time_table is None:
-        from dspark_obs.estimators.costmodel import fitted_table_of
-
         time_table = fitted_table_of(con, run)
         time_note = "costmodel fit of the run"
         if time_table is None:
@@ -610,8 +579,6 @@ def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
         _, lens_sts = replay_schedule(log, sps_table, confidence=conf_new, cfg=cfg)
         report.whatif.append({"scenario": "sts", **price_schedule(log, lens_sts, time_table), **base})
     if survival_maps is not None:
-        from dspark_obs.estimators.recalibration import apply_survival_map
-
         conf_map = confidence_from_survival(apply_survival_map(survival_from_confidence(log.confidence),
                                                                list(survival_maps)))
         _, lens_map = replay_schedule(log, sps_table, confidence=conf_map, cfg=cfg)

@@ -2,13 +2,13 @@
 
 A resample draws requests with replacement; its metrics are those of the
 request-steps it drew (steps of one request are not independent, so requests
-are the unit, as in :func:`dspark_obs.estimators.calibration_metrics.bootstrap_calibration_error`).
+are the unit, as in :func:`dspark_obs.estimators.calibration.metrics.bootstrap_calibration_error`).
 Each resample is a row of Poisson(1) weights over requests: the per-request
 sums (per bin, per score) are computed once, and every metric of every
 resample is a matrix product with them.
 
 The binning, the 1e-8 clamp and the formulas are those of
-:mod:`dspark_obs.estimators.calibration_metrics` (SGLang's equal-width rule ``floor(p * n_bins)``,
+:mod:`dspark_obs.estimators.calibration.metrics` (SGLang's equal-width rule ``floor(p * n_bins)``,
 quantile edges from the full sample, the folded-normal debiasing of Kumar et al.);
 with all weights 1 the results equal its ``expected_calibration_error``,
 ``debiased_calibration_error``, ``brier_score_loss`` and ``auroc_score``
@@ -25,7 +25,7 @@ import numpy as np
 from scipy import sparse
 from scipy.special import ndtr
 
-from dspark_obs.estimators.calibration_metrics import EPS_PROB, parse_binning
+from dspark_obs.estimators.calibration.metrics import EPS_PROB, parse_binning
 
 __all__ = ["METRICS", "Prepared", "calibration_replicates", "resampled_metrics"]
 

@@ -20,17 +20,17 @@ is hidden.  This module estimates it per request-step from the committed output
   - when the head's confidence is (a monotone map of) the drafter's
     probability of its draft — a real drafter's softmax, or a separate head of
     it — the *drafter map* ``q̂ = g(c)`` is learnt from the verified drafts
-    (:mod:`ceiling_drafter`) and the walked drafts get ``a_k = min(1, p_k / q̂_k)``,
+    (:mod:`~dspark_obs.estimators.ceiling.drafter`) and the walked drafts get ``a_k = min(1, p_k / q̂_k)``,
     with ``lo``/``hi`` from the map's standard errors (``q̂ ± 1.96 se``);
   - otherwise (a head trained on acceptance, like the emulator's) ``a_k`` comes
     from an acceptance model fitted on the run's verified drafts (confidence as
-    the prior, top-k evidence as the update; :mod:`ceiling_prior`), with
+    the prior, top-k evidence as the update; :mod:`~dspark_obs.estimators.ceiling.prior`), with
     ``lo``/``hi`` bounds that hold for any drafter (``p_k <= a_k <= 1``);
     which of the two explains the verified outcomes better (log-likelihood) is
     chosen per run;
   - ``a_k`` is exact where SGLang's JSONL gives ``q_k``; past a divergence the
     unverifiable rest is accepted in ``mid`` at the verified drafts' rate in
-    the same confidence bin and position (:class:`~ceiling_prior.BinnedPrior`;
+    the same confidence bin and position (:class:`~dspark_obs.estimators.ceiling.prior.BinnedPrior`;
     a drafter's probability is no acceptance probability, so no shape is
     assumed) with the drafter map, else with the head's calibrated conditional
     confidence and between none and all in ``lo``/``hi`` (none after
@@ -55,7 +55,7 @@ temperature gets the temperature rule (its bounds hold for greedy too).
 Units: ``lo``/``mid``/``hi`` count *drafts* a full block accepts (0..gamma),
 not accept lengths; SGLang's estimator and analyzer report ``lo + 1`` etc.
 
-:func:`estimate_ceiling` is the pure computation; :func:`estimate_run` reads a
+:func:`estimate_ceiling` is the pure computation; :func:`~dspark_obs.estimators.ceiling.io.estimate_run` reads a
 run from the store's views, computes, and writes the ``ceiling``,
 ``ceiling_summary`` and ``ceiling_validation`` tables (replacing the run's old
 results).
@@ -70,17 +70,15 @@ import numpy as np
 import pyarrow as pa
 
 from dspark_obs import schema
-from dspark_obs.estimators import sampling
-from dspark_obs.estimators.ceiling_drafter import DrafterMap, fit_drafter_map
-from dspark_obs.estimators.ceiling_evidence import Evidence, draft_evidence, token_index
-from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
-from dspark_obs.estimators.ceiling_prior import (AcceptanceModel, BinnedPrior, fit_acceptance_model, fit_binned_prior,
+from dspark_obs.schema import CEILING, CEILING_SUMMARY, CEILING_VALIDATION
+from dspark_obs.estimators.ceiling.drafter import DrafterMap, fit_drafter_map
+from dspark_obs.estimators.ceiling.evidence import Evidence
+from dspark_obs.estimators.ceiling.prior import (AcceptanceModel, BinnedPrior, fit_acceptance_model, fit_binned_prior,
                                                  training_mask)
-from dspark_obs.estimators.ceiling_walk import (CATEGORIES, Walk, ceiling_from_factors, position_survival,
+from dspark_obs.estimators.ceiling.walk import (CATEGORIES, Walk, ceiling_from_factors, position_survival,
                                                 sglang_interval, walk_blocks)
 
-__all__ = ["METHODS", "drafter_explains_better", "CeilingEstimate", "estimate_ceiling", "estimate_run", "CeilingRun",
-           "Evidence", "token_index", "draft_evidence", "logprobs_from_sglang_jsonl",
+__all__ = ["METHODS", "Method", "drafter_explains_better", "CeilingEstimate", "estimate_ceiling",
            "CEILING", "CEILING_SUMMARY", "CEILING_VALIDATION"]
 
 METHODS = ("default", "sglang")
@@ -92,87 +90,6 @@ _i16, _i32, _i64, _f32, _f64, _str = pa.int16(), pa.int32(), pa.int64(), pa.floa
 
 
 _f = schema.field  # a documented column
-
-
-def _ci(name: str, doc: str) -> list[pa.Field]:
-    return [_f(name, _f64, doc), _f(f"{name}_ci95_low", _f64, f"{doc}: request-bootstrap 2.5%"),
-            _f(f"{name}_ci95_high", _f64, f"{doc}: request-bootstrap 97.5%")]
-
-
-CEILING = pa.schema([
-    _f("dp_rank", _i16, "DP rank"),
-    _f("forward_ct", _i64, "step key", False),
-    _f("segment", _i32, "server lifetime segment"),
-    _f("rid", _str, "request id"),
-    _f("workload", _str, "the request's workload"),
-    _f("temperature", _f32, "sampling temperature recorded (or overridden); 0 = greedy; null unknown"),
-    _f("sampling", _str, "greedy (exact rule) | sampled | unknown (the sampled rule)"),
-    _f("sampling_source", _str, "how the sampling is known: recorded | override | inferred (from the "
-                                "committed tokens' top-1) | unknown"),
-    _f("prefix_len", _i32, "sequence length before the step", False),
-    _f("window", _i16, "drafts verified: verify_len - 1", False),
-    _f("correct_drafts", _i16, "drafts accepted within the window", False),
-    _f("censored", pa.bool_(), "correct_drafts == window < gamma: the ceiling was hidden (always set)"),
-    _f("category", _str, "exact_in_window | censored_resolved_exact | censored_diverged | censored_eos | "
-                          "censored_at_end (SGLang's analyzer)", False),
-    _f("walked", _i16, "trimmed drafts compared with a realised token"),
-    _f("lo", _f64, "lower end of the full-block accepted drafts (0..gamma)", False),
-    _f("mid", _f64, "estimate of the full-block accepted drafts (expectation under sampling)", False),
-    _f("hi", _f64, "upper end of the full-block accepted drafts", False),
-    _f("method", _str, "default | sglang"),
-    _f("survival_mid", pa.list_(_f32), "per position k: estimated probability that a full verify accepts the "
-                                        "first k drafts (sums to mid); the reconstructed calibration labels"),
-])
-
-CEILING_SUMMARY = pa.schema([
-    _f("workload", _str, "workload, or '*' for all", False),
-    _f("method", _str, "default | sglang", False),
-    _f("requests", _i32, "requests with steps (the bootstrap's resampling unit)", False),
-    _f("steps", _i64, "request-steps", False),
-    _f("censored_steps", _i64, "steps whose ceiling was hidden", False),
-    _f("censored_share", _f64, "censored_steps / steps"),
-    _f("mean_window", _f64, "mean drafts verified (verify_len - 1)"),
-    *_ci("mean_acc_len", "mean committed tokens per step (correct_drafts + 1)"),
-    *_ci("ceiling_len_mid", "mean ceiling accept length (mid + 1): what a full block would commit"),
-    *_ci("ceiling_len_lo", "mean ceiling accept length at lo (lo + 1)"),
-    *_ci("ceiling_len_hi", "mean ceiling accept length at hi (hi + 1)"),
-    *_ci("utilisation", "mean_acc_len / ceiling_len_mid: accepted / what a full block would accept"),
-    _f("utilisation_at_hi", _f64, "mean_acc_len / ceiling_len_hi (utilisation if the ceiling is hi)"),
-    _f("utilisation_at_lo", _f64, "mean_acc_len / ceiling_len_lo (utilisation if the ceiling is lo)"),
-    _f("n_bootstrap", _i32, "bootstrap resamples behind the CIs"),
-])
-
-CEILING_VALIDATION = pa.schema([
-    _f("method", _str, "default | sglang", False),
-    _f("truth_source", _str, "companion (paired cap-accept run) | cap-accept | static (own steps) | "
-                             "emulator (emu_block_accept)"),
-    _f("companion_run", _str, "run_id of the companion, when the truth came from one"),
-    _f("group_kind", _str, "all_steps | overall | sampling | category | workload | bin "
-                           "(all but all_steps: censored steps only)", False),
-    _f("group", _str, "group value ('*' for all; bin index for bins)", False),
-    _f("bin", _i16, "equal-count bin of mid, 0 = lowest (bins only)"),
-    _f("n", _i64, "steps with a truth", False),
-    _f("coverage_n", _i64, "greedy steps with a truth: the steps behind mae and coverage"),
-    _f("mean_lo", _f64, "mean lo (drafts)"),
-    _f("mean_mid", _f64, "mean mid (drafts)"),
-    _f("mean_hi", _f64, "mean hi (drafts)"),
-    _f("mean_truth", _f64, "mean realised full-block accepted drafts"),
-    _f("bias", _f64, "mean (mid - truth): every step with a truth"),
-    _f("mae", _f64, "mean |mid - truth| over greedy steps (a sampled step's realisation is one draw; judge "
-                    "it by bias, bins of mid and emu_*)"),
-    _f("coverage", _f64, "share of greedy steps with lo <= truth <= hi (sampled steps: see emu_coverage and "
-                         "the bins' mean_lo <= mean_truth <= mean_hi)"),
-    _f("emu_n", _i64, "steps with the emulator's expectation"),
-    _f("mean_emu_expected", _f64, "mean emu_expected_given_window (E[full | window accepted], the per-step "
-                                  "target under sampling)"),
-    _f("emu_bias", _f64, "mean (mid - emu_expected_given_window)"),
-    _f("emu_mae", _f64, "mean |mid - emu_expected_given_window|"),
-    _f("emu_coverage", _f64, "share of steps with lo <= emu_expected_given_window <= hi"),
-])
-
-schema.register("ceiling", CEILING)
-schema.register("ceiling_summary", CEILING_SUMMARY)
-schema.register("ceiling_validation", CEILING_VALIDATION)
 
 
 @dataclass(frozen=True)
@@ -224,7 +141,7 @@ def estimate_ceiling(
     ----------
     drafts : int [n, gamma]; window, correct : int [n]
         ``draft_tokens``, ``verify_len - 1``, ``correct_drafts``.
-    evidence : :class:`~dspark_obs.estimators.ceiling_evidence.Evidence`
+    evidence : :class:`~dspark_obs.estimators.ceiling.evidence.Evidence`
         Realised tokens and target probabilities at each draft's position.
     greedy, natural_end : bool [n]
         Temperature 0; the output ended with EOS / stop (else length cut or unknown).
@@ -251,7 +168,7 @@ def estimate_ceiling(
     Returns ``lo``, ``mid``, ``hi`` and ``survival`` (``[n, gamma]``, the
     per-position terms ``mid`` sums: the reconstructed calibration labels).
 
-    >>> from dspark_obs.estimators.ceiling_evidence import Evidence
+    >>> from dspark_obs.estimators.ceiling.evidence import Evidence
     >>> ev = Evidence(realised=np.array([[5, 6, 7]]), p_draft=np.full((1, 3), np.nan),
     ...               p_topk=np.full((1, 3), np.nan), topk_state=np.zeros((1, 3), np.int8))
     >>> est = estimate_ceiling(np.array([[5, 6, 8]]), np.array([1]), np.array([1]), ev,
@@ -340,91 +257,3 @@ def drafter_explains_better(drafter: DrafterMap, model: AcceptanceModel, conf, p
     y = accepted[use]
     ll = lambda a: float(np.where(y, np.log(a), np.log1p(-a)).sum())  # noqa: E731
     return ll(a_map) >= ll(a_ev)
-
-
-@dataclass
-class CeilingRun:
-    """What :func:`estimate_run` computed and wrote.
-
-    ``ceiling`` is the per-step table; after a write it is read back from the
-    store when first asked for (a large run's table is never held whole in memory
-    while estimating), so use ``num_rows`` for its size.
-    """
-
-    run_id: str
-    method: str
-    gamma: int
-    summary: pa.Table
-    validation: pa.Table | None
-    truth_source: str | None = None
-    companion: str | None = None
-    steps_with_truth: int = 0
-    misaligned_requests: list[str] = field(default_factory=list)
-    num_rows: int = 0
-    sampling_counts: dict = field(default_factory=dict)   # (sampling, source) -> requests
-    table: pa.Table | None = field(default=None, repr=False)   # held when not written
-    store: object = field(default=None, repr=False)            # where it was written
-    fit: object = field(default=None, repr=False)              # the CeilingFit used (estimate --fit-out)
-
-    @property
-    def ceiling(self) -> pa.Table:
-        """The per-step ``ceiling`` rows (read back from the store on first use after a write)."""
-        if self.table is None and self.store is not None:
-            self.table = self.store.read("ceiling", self.run_id).drop_columns(["run_id"])
-        return self.table
-
-
-def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, method: Method = "default",
-                 sglang_logprobs: pa.Table | None = None, n_bootstrap: int = 1000, seed: int = 0,
-                 write: bool = True, chunk_rows: int | None = None, fit_rows: int | None = None,
-                 progress=None, temperature: float | None = None, alpha: float | None = None,
-                 engine=None, fit=None) -> CeilingRun:
-    """Estimate the ceiling of every request-step of ``run_id`` and write the result tables.
-
-    ``con_or_store`` is a connection from :func:`dspark_obs.sql.connect` or a
-    :class:`~dspark_obs.store.Store`.  ``companion`` is the cap-accept run to
-    validate against (default: the run recorded as this run's companion);
-    a cap-accept or static run validates against its own steps, an emulator run
-    also against ``emu_*``.  ``sglang_logprobs`` is
-    :func:`~dspark_obs.estimators.ceiling_jsonl.logprobs_from_sglang_jsonl`'s
-    table (exact ``a_k`` for the steps it covers).  With ``write=True`` the run's
-    ``ceiling``, ``ceiling_summary`` and ``ceiling_validation`` partitions are
-    replaced.  Raises ValueError / LookupError with the fix in the message.
-
-    Memory follows ``chunk_rows``, not the run: requests are estimated a chunk of
-    whole requests (about ``chunk_rows`` steps, default 150k) at a time, and the
-    per-step results go to the store chunk by chunk.  Every per-step value is
-    what one pass over the whole run gives, and so are the summary and its
-    bootstrap (accumulated from per-request totals) and the validation (its
-    ``all_steps`` row is summed chunk by chunk, so its means may differ from one
-    pass in the last digits).  One exception, for runs of more than ``fit_rows``
-    steps (default 200k): the acceptance model behind ``mid`` (the temperature
-    drafts, and the unverifiable tail of a step whose output ran out) and the
-    stand-in ``a_k`` of ``method="sglang"`` where a confidence is missing is
-    fitted on a sample of whole requests chosen by a hash of their rid (the same
-    sample for the same run), not on every verified draft.  The
-    categories and greedy ``lo``/``mid``/``hi`` do not depend on the fit.
-    ``progress(done_steps, total_steps)`` is called after each chunk.
-
-    Sampling per request (:mod:`~dspark_obs.estimators.sampling`): the recorded
-    temperature, else ``temperature`` (an override for requests that recorded
-    none), else inferred from the committed tokens with false-greedy rate at
-    most ``alpha``; the ``ceiling`` rows say which (``sampling_source``).
-
-    ``engine`` (a :class:`dspark_obs.ray_engine.RayEngine`) runs the chunks as
-    Ray tasks over shards of requests by rid hash: the same per-step rows, and the
-    same summary and validation up to the order of float additions.
-
-    ``fit`` (a :class:`~dspark_obs.estimators.ceiling_fit.CeilingFit`, e.g.
-    from ``estimate --fit-out`` of an earlier run of the same deployment) is
-    used instead of fitting on this run: the numbers the sidecar's live ceiling
-    used.  The result's ``fit`` is the one used either way.
-    """
-    from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
-    from dspark_obs.estimators.ceiling_io import run_estimate
-
-    return run_estimate(con_or_store, run_id, companion=companion, method=method,
-                        sglang_logprobs=sglang_logprobs, n_bootstrap=n_bootstrap, seed=seed, write=write,
-                        chunk_rows=chunk_rows or DEFAULT_CHUNK_ROWS, fit_rows=fit_rows or DEFAULT_FIT_ROWS,
-                        progress=progress, temperature=temperature,
-                        alpha=sampling.DEFAULT_ALPHA if alpha is None else alpha, engine=engine, fit=fit)

@@ -11,7 +11,7 @@ What needs the whole run is handled apart: the acceptance model is fitted on a
 **sample** of whole requests chosen by a hash of their rid (the same requests
 for the same run, on every machine and version; every request when the run
 holds at most ``fit_rows`` steps), and summaries are accumulated from per-chunk
-sufficient statistics (:mod:`ceiling_stats`).
+sufficient statistics (:mod:`~dspark_obs.estimators.ceiling.stats`).
 
 The predicates are SQL text with bound parameters (``$chunk_lo`` ...), to be
 applied to a rid column by the caller's query.
@@ -71,7 +71,7 @@ def plan_chunks(rids: list, counts: np.ndarray, *, chunk_rows: int = DEFAULT_CHU
         return [Chunk("TRUE", rows=total, requests=len(rids))]
     chunks: list[Chunk] = []
     named = [i for i, r in enumerate(rids) if r is not None]
-    start, rows = None, 0
+    start, rows, prev = None, 0, -1
     for i in named:
         if start is not None and rows + counts[i] > chunk_rows:
             chunks.append(_range(rids, start, prev, rows, listed))
