@@ -7,7 +7,6 @@ import json
 
 import msgspec
 import numpy as np
-import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 

@@ -9,7 +9,6 @@ import math
 import numpy as np
 import pytest
 
-from dspark_obs import sql
 from dspark_obs.estimators.calibration import sts
 from dspark_obs.store import Store
 

@@ -7,7 +7,7 @@ import datetime as dt
 import pandas as pd
 import pytest
 
-from dspark_obs import schema, sql
+from dspark_obs import sql
 from dspark_obs.store import Store
 from dspark_obs.ui.data import Filters, query_parameters, run_query
 

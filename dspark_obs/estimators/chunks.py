@@ -19,10 +19,11 @@ applied to a rid column by the caller's query.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from dspark_obs.keys import stable_keys
 
 __all__ = ["Chunk", "plan_chunks", "sample_requests", "shard_requests", "rid_hash", "DEFAULT_CHUNK_ROWS",
            "DEFAULT_FIT_ROWS"]
@@ -97,9 +98,8 @@ def _range(rids: list, first: int, last: int, rows: int, listed: bool = False) -
 
 
 def rid_hash(rids: list) -> np.ndarray:
-    """A stable 64-bit hash of each rid (BLAKE2b; ``None`` hashes as the empty string)."""
-    return np.array([int.from_bytes(hashlib.blake2b((r or "").encode(), digest_size=8).digest(), "little")
-                     for r in rids], dtype=np.uint64)
+    """A stable 64-bit hash of each rid (:func:`dspark_obs.keys.stable_keys`; ``None`` as the empty string)."""
+    return stable_keys(rids)
 
 
 def shard_requests(rids: list, counts: np.ndarray, n_shards: int) -> list[tuple[list, np.ndarray]]:

@@ -29,7 +29,7 @@ import pyarrow.compute as pc
 from dspark_obs import schema
 from dspark_obs.schema import CALIBRATION, CALIBRATION_BINS
 from dspark_obs import sql as sqlmod
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration import chunks
 from dspark_obs.estimators.calibration import ray as calibration_ray
 from dspark_obs.estimators.calibration.events import (
@@ -37,7 +37,7 @@ from dspark_obs.estimators.calibration.events import (
 )
 from dspark_obs.estimators.chunks import DEFAULT_CHUNK_ROWS
 from dspark_obs.estimators.calibration.metrics import (
-    BINNINGS, binned, none_if_nan, curve_of, debiased_ece_of, ece_of, percentile_interval, mce_of,
+    BINNINGS, binned, none_if_nan, curve_of, debiased_ece_of, ece_of, normal_interval, mce_of,
     resampled_ece, auroc_score, brier_score_loss,
     log_loss, parse_binning,
 )
@@ -84,7 +84,7 @@ def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binni
             b = binned(y, p, n_bins, strategy)
             row.update(ece=ece_of(b), mce=mce_of(b), debiased_ece=debiased_ece_of(b))
             if n_boot:
-                lo, hi = percentile_interval(row["ece"], resampled_ece(weights, g, b, p, y), level)
+                lo, hi = normal_interval(row["ece"], resampled_ece(weights, g, b, p, y), level)
                 row.update(ece_ci_lo=none_if_nan(lo), ece_ci_hi=none_if_nan(hi))
             c = curve_of(b)
             bin_rows += [{**base, "binning": name, "bin": int(i), "bin_lo": float(lo_), "bin_hi": float(hi_),
@@ -112,7 +112,7 @@ def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 100
     wl_code, wl_values = _factorize(ev.workload)
     workloads = ["*", *wl_values]
     rid_code, rid_values = _factorize(ev.rid)  # codes in sorted order of the rids
-    keys = resampling.unit_keys(rid_values) if n_bootstrap else None
+    keys = bootstrap.unit_keys(rid_values) if n_bootstrap else None
     for i, workload in enumerate(workloads):
         mask = np.ones(len(ev.rid), dtype=bool) if workload == "*" else wl_code == i - 1
         gidx = _dense(rid_code[mask])  # np.unique(ev.rid[mask], return_inverse=True)[1], without sorting strings
@@ -120,7 +120,7 @@ def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 100
         full_gidx[mask] = gidx
         n_groups = int(gidx.max()) + 1 if gidx.size else 0
         # Poisson weights per request (the same for a request in every group and on every shard of the run)
-        weights = (resampling.poisson_weights(keys[np.unique(rid_code[mask])], n_bootstrap, seed)
+        weights = (bootstrap.poisson_weights(keys[np.unique(rid_code[mask])], n_bootstrap, seed)
                    if n_bootstrap and n_groups else None)
         for k in range(ev.gamma):
             r, b = _position_rows(ev, mask, k, workload, binnings, weights, full_gidx, confidence_level,

@@ -10,7 +10,7 @@ estimator reads them: :mod:`~dspark_obs.estimators.chunks`) add up to the run's 
 * the request-level bootstrap of the ECE — each resample's per-bin sums are
   ``weights @ per-request sums``, accumulated chunk by chunk with the very
   Poisson weights one pass draws (drawn per request from its rid:
-  :mod:`resampling`), so chunks, and shards of requests on other machines
+  :mod:`~dspark_obs.estimators.stats`), so chunks, and shards of requests on other machines
   (``--engine ray``: :func:`accumulate_chunks` per shard, :func:`merge_cells`),
   add up to the one-pass sums.
 
@@ -32,7 +32,7 @@ import pyarrow as pa
 from dspark_obs import schema
 from dspark_obs.estimators.calibration import events
 from dspark_obs.estimators.calibration import metrics
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
 
 __all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells", "BinEdges",
@@ -233,7 +233,7 @@ def accumulate_chunks(con, plan: RunPlan, run_id: str, chunks: list, *, labels: 
         for key in counts:
             counts[key] += c[key]
         units, unit = _local_units(ev.rid)   # each unit's weights are drawn once, whatever groups it is in
-        drawn = (resampling.poisson_weights(resampling.unit_keys(units), n_bootstrap, seed)
+        drawn = (bootstrap.poisson_weights(bootstrap.unit_keys(units), n_bootstrap, seed)
                  if n_bootstrap else None)
         for w, mask in _groups(ev.workload):
             rows = np.flatnonzero(mask)
@@ -344,7 +344,7 @@ def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan,
                 wp, wy, wn = cell.boot[name]
                 with np.errstate(invalid="ignore", divide="ignore"):
                     samples = np.abs(wp - wy).sum(axis=1) / wn
-                lo, hi = metrics.percentile_interval(row["ece"], samples, level)
+                lo, hi = metrics.normal_interval(row["ece"], samples, level)
                 row.update(ece_ci_lo=metrics.none_if_nan(lo), ece_ci_hi=metrics.none_if_nan(hi))
             c = metrics.curve_of(b)
             bin_rows += [{**base, "binning": name, "bin": int(j), "bin_lo": float(lo_), "bin_hi": float(hi_),

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from scipy.special import ndtr, ndtri
 
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators import stats as bootstrap
 
 __all__ = [
     "EPS_PROB", "BINNINGS", "ReliabilityCurve",
@@ -82,6 +82,14 @@ def parse_binning(name: str) -> tuple[int, str]:
 
 @dataclass(frozen=True)
 class Bins:
+    """The sufficient statistics of the binned metrics: per bin, the count and the sums of ``p`` and ``y``.
+
+    ECE, MCE, debiased ECE and the reliability curve are functions of them
+    (:func:`ece_of`, ...); sums of disjoint samples add, so chunks, shards and
+    bootstrap resamples (``report``'s, a weighted sum per request) reuse the
+    same formulas (:func:`ece_from_sums`, :func:`debiased_terms`).
+    """
+
     edges: np.ndarray  # [n_bins + 1]
     ids: np.ndarray  # [n] bin of each sample
     count: np.ndarray  # [n_bins]
@@ -110,9 +118,28 @@ def binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str) -> Bins:
                  np.bincount(ids, weights=p, minlength=n_bins), np.bincount(ids, weights=y, minlength=n_bins))
 
 
+def ece_from_sums(count: np.ndarray, pred_sum: np.ndarray, true_sum: np.ndarray) -> np.ndarray:
+    """ECE from bin sums along the last axis (``[..., n_bins]``; e.g. one row per bootstrap resample)."""
+    return np.abs(pred_sum - true_sum).sum(axis=-1) / count.sum(axis=-1)
+
+
+def debiased_terms(count: np.ndarray, pred_sum: np.ndarray, true_sum: np.ndarray) -> np.ndarray:
+    """Per bin ``n_b (2 |gap_b| - E|N(gap_b, sd_b^2)|)`` (0 for an empty bin): their sum over the bins, divided
+    by the count, is the debiased ECE (the folded-normal mean is that of Kumar et al.'s resampled ECE terms)."""
+    full = count > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(full, true_sum / count, 0.0)
+        gap = np.where(full, np.abs(pred_sum / count - rate), 0.0)
+        sd = np.where(full, np.sqrt(np.clip(rate * (1.0 - rate), 0.0, None) / count), 0.0)
+        z = np.where(sd > 0, gap / sd, np.inf)
+        folded = np.where(sd > 0, sd * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * z * z) + gap * (1.0 - 2.0 * ndtr(-z)),
+                          gap)
+        return np.where(full, count * (2.0 * gap - folded), 0.0)
+
+
 def ece_of(b: Bins) -> float:
     total = b.count.sum()
-    return float(np.abs(b.pred_sum - b.true_sum).sum() / total) if total else math.nan
+    return float(ece_from_sums(b.count, b.pred_sum, b.true_sum)) if total else math.nan
 
 
 def mce_of(b: Bins) -> float:
@@ -123,19 +150,10 @@ def mce_of(b: Bins) -> float:
 
 
 def debiased_ece_of(b: Bins) -> float:
-    full = b.count > 0
     total = b.count.sum()
     if not total:
         return math.nan
-    n = b.count[full]
-    rate = b.true_sum[full] / n
-    gap = np.abs(b.pred_sum[full] / n - rate)
-    sd = np.sqrt(np.clip(rate * (1.0 - rate), 0.0, None) / n)
-    # E|N(gap, sd^2)| (folded normal mean) = the mean of Kumar et al.'s resampled ECE terms.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(sd > 0, gap / sd, np.inf)
-        folded = np.where(sd > 0, sd * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * z * z) + gap * (1.0 - 2.0 * ndtr(-z)), gap)
-    return float(np.sum(n * (2.0 * gap - folded)) / total)
+    return float(np.sum(debiased_terms(b.count, b.pred_sum, b.true_sum)[b.count > 0]) / total)
 
 
 # -- metrics -----------------------------------------------------------------------
@@ -301,7 +319,7 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
     independent; resampling requests keeps that dependence.  Vectorised: the
     per-(request, bin) sums are computed once and each resample is a Poisson(1)
     reweighting of them, the weights drawn per group from ``(seed, group)``
-    (:mod:`~dspark_obs.estimators.resampling`), so a subset of the groups gets
+    (:mod:`~dspark_obs.estimators.stats`), so a subset of the groups gets
     the very weights the whole sample would.  Bin edges stay those of the full sample.
 
     The interval is normal, around the estimate, with the bootstrap standard
@@ -337,9 +355,9 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
     if not y.size:
         return math.nan, math.nan
     uniques, gidx = np.unique(g, return_inverse=True)
-    weights = resampling.poisson_weights(resampling.unit_keys(uniques.tolist()), n_resamples, seed)
+    weights = bootstrap.poisson_weights(bootstrap.unit_keys(uniques.tolist()), n_resamples, seed)
     b = binned(y, p, n_bins, strategy)
-    return percentile_interval(ece_of(b), resampled_ece(weights, gidx, b, p, y), confidence_level)
+    return normal_interval(ece_of(b), resampled_ece(weights, gidx, b, p, y), confidence_level)
 
 
 def resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: Bins, p: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -361,7 +379,7 @@ def none_if_nan(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
-def percentile_interval(value: float, samples: np.ndarray, level: float, *, lower: float | None = 0.0) -> tuple[float, float]:
+def normal_interval(value: float, samples: np.ndarray, level: float, *, lower: float | None = 0.0) -> tuple[float, float]:
     """``value +- z * SE`` with the resamples' standard error, clipped to [lower, 1] (see above).
 
     The one interval of every bootstrapped calibration figure (``calibrate`` and

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.ceiling import stats as ceiling_stats
 from dspark_obs.estimators.ceiling.walk import CATEGORIES
 
@@ -61,7 +61,7 @@ class RunTotals:
         code = np.where(al.code < 0, -1, al.code + self.offset)
         self.offset += al.n_requests
         where = self.positions(al.rids)
-        keys = np.append(resampling.unit_keys(al.rids.to_pylist()), resampling.unit_keys([None]))
+        keys = np.append(bootstrap.unit_keys(al.rids.to_pylist()), bootstrap.unit_keys([None]))
         p.bad += al.bad_steps
         p.checked += al.checked_steps
         names = np.asarray(al.rids.to_pylist(), dtype=object)
