@@ -15,9 +15,22 @@ from __future__ import annotations
 import pyarrow as pa
 
 from dspark_obs.schema.columns import F32, F64, I16, I32, I64, STR, TS, field
-from dspark_obs.schema.results import (CALIBRATION, CALIBRATION_BINS, CEILING, CEILING_SUMMARY, CEILING_VALIDATION,
-                                       COMPANION_PAIRING, COMPANION_PAIRING_SUMMARY, COSTMODEL_ERROR, COSTMODEL_FIT,
-                                       RECALIBRATION, REPLAY_CONFORMANCE, REPLAY_WHATIF, REPORTS, RESULT_TABLES)
+from dspark_obs.schema.results import (
+    CALIBRATION,
+    CALIBRATION_BINS,
+    CEILING,
+    CEILING_SUMMARY,
+    CEILING_VALIDATION,
+    COMPANION_PAIRING,
+    COMPANION_PAIRING_SUMMARY,
+    COSTMODEL_ERROR,
+    COSTMODEL_FIT,
+    RECALIBRATION,
+    REPLAY_CONFORMANCE,
+    REPLAY_WHATIF,
+    REPORTS,
+    RESULT_TABLES,
+)
 
 __all__ = ["SCHEMA_VERSION", "METADATA_KEY", "field", "STORE_TABLES", "RESULT_TABLES", "TABLES", "schema_for",
            "data_model_markdown", "RUNS", "STEPS", "STEP_REQS", "REQUESTS", "TOKENS", "GAPS", "DEAD_LETTERS",

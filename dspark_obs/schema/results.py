@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from dspark_obs.schema.columns import F32, F64, I16, I32, I64, STR, TS, field
 
+
 def _ci(name: str, doc: str) -> list[pa.Field]:
     """A figure and its request-bootstrap 95% interval."""
     return [field(name, F64, doc), field(f"{name}_ci95_low", F64, f"{doc}: request-bootstrap 2.5%"),

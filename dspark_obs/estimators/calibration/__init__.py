@@ -10,13 +10,27 @@
 """
 
 from dspark_obs.estimators.calibration.calibrate import RunCalibration, calibrate_run, summarise_events
-from dspark_obs.estimators.calibration.events import (LABEL_KINDS, CalibrationDataError, RunEvents, block_events,
-                                                      load_events, observed_events)
-from dspark_obs.estimators.calibration.metrics import (BINNINGS, ReliabilityCurve, auroc_score,
-                                                       bootstrap_calibration_error, brier_score_loss,
-                                                       debiased_calibration_error, expected_calibration_error,
-                                                       log_loss, maximum_calibration_error, parse_binning,
-                                                       reliability_curve)
+from dspark_obs.estimators.calibration.events import (
+                                                      LABEL_KINDS,
+                                                      CalibrationDataError,
+                                                      RunEvents,
+                                                      block_events,
+                                                      load_events,
+                                                      observed_events,
+)
+from dspark_obs.estimators.calibration.metrics import (
+                                                      BINNINGS,
+                                                      ReliabilityCurve,
+                                                      auroc_score,
+                                                      bootstrap_calibration_error,
+                                                      brier_score_loss,
+                                                      debiased_calibration_error,
+                                                      expected_calibration_error,
+                                                      log_loss,
+                                                      maximum_calibration_error,
+                                                      parse_binning,
+                                                      reliability_curve,
+)
 from dspark_obs.schema import CALIBRATION, CALIBRATION_BINS
 
 __all__ = [

@@ -18,29 +18,40 @@ all survive a full-block verify*; the head predicts it with its survival
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
-import functools
-
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dspark_obs import schema
-from dspark_obs.schema import CALIBRATION, CALIBRATION_BINS
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration import chunks
 from dspark_obs.estimators.calibration import ray as calibration_ray
 from dspark_obs.estimators.calibration.events import (
-    RunEvents, load_events,
+    RunEvents,
+    load_events,
+)
+from dspark_obs.estimators.calibration.metrics import (
+    BINNINGS,
+    auroc_score,
+    binned,
+    brier_score_loss,
+    curve_of,
+    debiased_ece_of,
+    ece_of,
+    log_loss,
+    mce_of,
+    none_if_nan,
+    normal_interval,
+    parse_binning,
+    resampled_ece,
 )
 from dspark_obs.estimators.chunks import DEFAULT_CHUNK_ROWS
-from dspark_obs.estimators.calibration.metrics import (
-    BINNINGS, binned, none_if_nan, curve_of, debiased_ece_of, ece_of, normal_interval, mce_of,
-    resampled_ece, auroc_score, brier_score_loss,
-    log_loss, parse_binning,
-)
+from dspark_obs.schema import CALIBRATION, CALIBRATION_BINS
 
 __all__ = ["RunCalibration", "summarise_events", "calibrate_run"]
 
@@ -137,8 +148,6 @@ def _factorize(values: np.ndarray) -> tuple[np.ndarray, list]:
     The same numbering as ``np.unique(values, return_inverse=True)``, by hashing
     each value once and sorting only the distinct ones.
     """
-    import pandas as pd  # why: ~0.5 s to import, for its hash factorize only
-
     codes, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
     uniques = np.asarray(uniques, dtype=object if np.asarray(values).dtype == object else None)
     if uniques.size == 0:

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
 from dspark_obs import schema
-from dspark_obs.estimators.calibration import events
-from dspark_obs.estimators.calibration import metrics
 from dspark_obs.estimators import stats as bootstrap
+from dspark_obs.estimators.calibration import events, metrics
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
 
 __all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells", "BinEdges",
@@ -278,16 +278,12 @@ def merge_cells(parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
 
 def _groups(workload: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """``("*", all)`` and ``(name, mask)`` per workload."""
-    import pandas as pd  # why: ~0.5 s to import, for its hash factorize only
-
     codes, names = pd.factorize(np.asarray(workload, dtype=object), use_na_sentinel=False)
     return [("*", np.ones(codes.size, bool))] + [(str(n), codes == i) for i, n in enumerate(names)]
 
 
 def _local_units(units: np.ndarray) -> tuple[list, np.ndarray]:
     """Distinct units of a chunk and each row's number among them."""
-    import pandas as pd  # why: ~0.5 s to import, for its hash factorize only
-
     codes, uniques = pd.factorize(np.asarray(units, dtype=object), use_na_sentinel=False)
     return list(uniques), codes.astype(np.int64)
 

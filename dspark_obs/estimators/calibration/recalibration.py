@@ -39,13 +39,16 @@ import pyarrow.compute as pc
 from scipy.optimize import isotonic_regression, minimize
 
 from dspark_obs import schema
-from dspark_obs.schema import RECALIBRATION
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators.calibration.events import RunEvents, load_events
-from dspark_obs.estimators.calibration.metrics import (bootstrap_calibration_error, brier_score_loss,
-                                                       expected_calibration_error)
+from dspark_obs.estimators.calibration.metrics import (
+    bootstrap_calibration_error,
+    brier_score_loss,
+    expected_calibration_error,
+)
 from dspark_obs.estimators.calibration.sts import fit_sts, raw_logits
 from dspark_obs.estimators.chunks import rid_hash
+from dspark_obs.schema import RECALIBRATION
 
 __all__ = ["METHODS", "BIAS_CAPABLE", "RECALIBRATION", "FORMAT", "SurvivalMap", "request_split", "fit_map",
            "recalibrate_events", "recalibrate_run", "Recalibration", "survival_map_json", "load_survival_map",

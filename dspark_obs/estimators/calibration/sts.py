@@ -29,7 +29,6 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 
 from dspark_obs import sql as sqlmod
-
 from dspark_obs.estimators.calibration.events import load_events
 from dspark_obs.estimators.calibration.metrics import EPS_PROB, binned, check_binning, ece_of
 

@@ -13,13 +13,20 @@ The public face of the ceiling estimator; each concept has its module:
 * :mod:`.ray` -- the chunks as Ray tasks.
 """
 
-from dspark_obs.estimators.ceiling.estimate import (CEILING, CEILING_SUMMARY, CEILING_VALIDATION, METHODS,
-                                                    CeilingEstimate, drafter_explains_better, estimate_ceiling)
+from dspark_obs.estimators.ceiling.estimate import (
+                                                    CEILING,
+                                                    CEILING_SUMMARY,
+                                                    CEILING_VALIDATION,
+                                                    METHODS,
+                                                    CeilingEstimate,
+                                                    drafter_explains_better,
+                                                    estimate_ceiling,
+)
 from dspark_obs.estimators.ceiling.evidence import Evidence, draft_evidence, token_index
 from dspark_obs.estimators.ceiling.fit import CeilingFit
 from dspark_obs.estimators.ceiling.io import RESULT_TABLES, CeilingRun
-from dspark_obs.estimators.ceiling.run import estimate_run
 from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
+from dspark_obs.estimators.ceiling.run import estimate_run
 
 __all__ = ["METHODS", "drafter_explains_better", "CeilingEstimate", "estimate_ceiling", "estimate_run", "CeilingRun",
            "CeilingFit", "RESULT_TABLES", "Evidence", "token_index", "draft_evidence", "logprobs_from_sglang_jsonl",

@@ -70,13 +70,24 @@ import numpy as np
 import pyarrow as pa
 
 from dspark_obs import schema
-from dspark_obs.schema import CEILING, CEILING_SUMMARY, CEILING_VALIDATION
 from dspark_obs.estimators.ceiling.drafter import DrafterMap, fit_drafter_map
 from dspark_obs.estimators.ceiling.evidence import Evidence
-from dspark_obs.estimators.ceiling.prior import (AcceptanceModel, BinnedPrior, fit_acceptance_model, fit_binned_prior,
-                                                 training_mask)
-from dspark_obs.estimators.ceiling.walk import (CATEGORIES, Walk, ceiling_from_factors, position_survival,
-                                                sglang_interval, walk_blocks)
+from dspark_obs.estimators.ceiling.prior import (
+    AcceptanceModel,
+    BinnedPrior,
+    fit_acceptance_model,
+    fit_binned_prior,
+    training_mask,
+)
+from dspark_obs.estimators.ceiling.walk import (
+    CATEGORIES,
+    Walk,
+    ceiling_from_factors,
+    position_survival,
+    sglang_interval,
+    walk_blocks,
+)
+from dspark_obs.schema import CEILING, CEILING_SUMMARY, CEILING_VALIDATION
 
 __all__ = ["METHODS", "Method", "drafter_explains_better", "CeilingEstimate", "estimate_ceiling",
            "CEILING", "CEILING_SUMMARY", "CEILING_VALIDATION"]

@@ -51,8 +51,6 @@ def fetch(con, sql_text: str, params: dict) -> pa.Table:
     return con.sql(sql_text, params=params).to_arrow_table()  # DuckDB 2: fetch fully
 
 
-
-
 def column_array(table: pa.Table, name: str, dtype, fill) -> np.ndarray:
     col = table.column(name)
     if np.issubdtype(np.dtype(dtype), np.floating):

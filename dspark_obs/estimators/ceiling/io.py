@@ -21,9 +21,19 @@ from dspark_obs.estimators.ceiling import stats as ceiling_stats
 from dspark_obs.estimators.ceiling.drafter import fit_drafter_map
 from dspark_obs.estimators.ceiling.estimate import drafter_explains_better, estimate_ceiling
 from dspark_obs.estimators.ceiling.fit import CeilingFit
-from dspark_obs.estimators.ceiling.inputs import (ChunkInputs, InferredSampling, check_alignment_share, column_array,
-                                                  infer_sampling, load_inputs, run_gamma, run_meta, run_rids,
-                                                  sglang_arrays, truth_of)
+from dspark_obs.estimators.ceiling.inputs import (
+    ChunkInputs,
+    InferredSampling,
+    check_alignment_share,
+    column_array,
+    infer_sampling,
+    load_inputs,
+    run_gamma,
+    run_meta,
+    run_rids,
+    sglang_arrays,
+    truth_of,
+)
 from dspark_obs.estimators.ceiling.partial import RunPartial, RunTotals, rid_positions, workload_labels
 from dspark_obs.estimators.ceiling.prior import fit_acceptance_model, fit_binned_prior
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -28,8 +29,6 @@ __all__ = ["RunTotals", "RunPartial", "merge_partials", "rid_positions"]
 def rid_positions(run_rids: list):
     """A function mapping a chunk's rid dictionary to positions in the run's sorted rids
     (steps without a rid come last, as the database sorts them)."""
-    import pandas as pd  # why: ~0.5 s to import, for its hash index only
-
     named = pd.Index([r for r in run_rids if r is not None])
     last = len(run_rids)
 

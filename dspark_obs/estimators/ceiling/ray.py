@@ -16,8 +16,8 @@ import pyarrow as pa
 
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators.ceiling import io as ceiling_io
-from dspark_obs.estimators.chunks import plan_chunks, shard_requests
 from dspark_obs.estimators.ceiling.partial import merge_partials
+from dspark_obs.estimators.chunks import plan_chunks, shard_requests
 
 __all__ = ["run", "estimate_shard"]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
 from dspark_obs.estimators import stats as bootstrap
 
@@ -30,8 +31,6 @@ def _groups(labels: np.ndarray) -> list[tuple[str, np.ndarray]]:
 
     Labels are hashed once (no fixed-width text copy of millions of labels).
     """
-    import pandas as pd  # why: ~0.5 s to import, for its hash index only
-
     labels = np.asarray(labels)
     codes, uniques = pd.factorize(labels.astype(object) if labels.dtype != object else labels,
                                   use_na_sentinel=False)
