@@ -185,22 +185,8 @@ def fit_sts(logits, y_true, *, n_bins: int = 15, grid=None, refine: bool = True)
     >>> bool(1.6 < fit.temperatures[0] < 2.5), fit.ece_after[0] < fit.ece_before[0]
     (True, True)
     """
-    z = np.asarray(logits, dtype=np.float64)
-    y = np.asarray(y_true, dtype=np.float64)
-    if z.ndim != 2 or y.shape != z.shape:
-        raise ValueError(f"logits and y_true must both have shape (n, gamma); got {z.shape} and {y.shape}")
-    if z.shape[0] == 0:
-        raise ValueError("fit_sts needs at least one sample (got an empty array)")
+    z, y, temps = _checked_fit_inputs(logits, y_true, n_bins, grid)
     known = ~np.isnan(y)
-    if np.any(~np.isfinite(z) & known):
-        raise ValueError("logits have non-finite values where a label is known")
-    if np.any((y[known] < 0) | (y[known] > 1)):
-        raise ValueError(f"y_true has values outside [0, 1]: min {np.nanmin(y):g}, max {np.nanmax(y):g}")
-    check_binning(n_bins, "uniform")
-    temps = SGLANG_GRID if grid is None else np.asarray(grid, dtype=np.float64)
-    if temps.ndim != 1 or temps.size == 0 or not np.all(temps > 0):
-        raise ValueError(f"grid must be a non-empty 1-D array of positive temperatures, got {temps!r}")
-
     n, gamma = z.shape
     surv_one, surv_fit = np.ones(n), np.ones(n)
     out = {"t": [], "grid_t": [], "before": [], "after": [], "n": []}
@@ -224,6 +210,26 @@ def fit_sts(logits, y_true, *, n_bins: int = 15, grid=None, refine: bool = True)
                            ("n", int(m.sum()))):
             out[key].append(value)
     return StsFit(out["t"], out["grid_t"], out["before"], out["after"], n, out["n"])
+
+
+def _checked_fit_inputs(logits, y_true, n_bins, grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(logits, labels, temperature grid)`` as float arrays, refused with the bad value when unusable."""
+    z = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(y_true, dtype=np.float64)
+    if z.ndim != 2 or y.shape != z.shape:
+        raise ValueError(f"logits and y_true must both have shape (n, gamma); got {z.shape} and {y.shape}")
+    if z.shape[0] == 0:
+        raise ValueError("fit_sts needs at least one sample (got an empty array)")
+    known = ~np.isnan(y)
+    if np.any(~np.isfinite(z) & known):
+        raise ValueError("logits have non-finite values where a label is known")
+    if np.any((y[known] < 0) | (y[known] > 1)):
+        raise ValueError(f"y_true has values outside [0, 1]: min {np.nanmin(y):g}, max {np.nanmax(y):g}")
+    check_binning(n_bins, "uniform")
+    temps = SGLANG_GRID if grid is None else np.asarray(grid, dtype=np.float64)
+    if temps.ndim != 1 or temps.size == 0 or not np.all(temps > 0):
+        raise ValueError(f"grid must be a non-empty 1-D array of positive temperatures, got {temps!r}")
+    return z, y, temps
 
 
 def _refine(prev, z, y, temps, i, n_bins, t_grid, ece_grid) -> tuple[float, float]:

@@ -148,6 +148,9 @@ def estimate_ceiling(
 ) -> CeilingEstimate:
     """Ceiling ``(lo, mid, hi)`` in drafts (0..gamma) for each request-step.
 
+    (Over 60 lines for its documented parameters; the body, under 60, is the
+    method's one sequence: walk, acceptance factors, ceilings.)
+
     Parameters
     ----------
     drafts : int [n, gamma]; window, correct : int [n]
@@ -189,19 +192,8 @@ def estimate_ceiling(
     """
     if method not in METHODS:
         raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
-    drafts = np.asarray(drafts)
-    if drafts.ndim != 2 or drafts.shape[1] < 1:
-        raise ValueError(f"drafts must be a 2-D array [steps, gamma], got shape {drafts.shape}")
+    drafts, window, correct = _checked_steps(drafts, window, correct)
     n, gamma = drafts.shape
-    window = np.asarray(window, dtype=np.int64)
-    correct = np.asarray(correct, dtype=np.int64)
-    if window.shape != (n,) or correct.shape != (n,):
-        raise ValueError(f"window and correct must have shape ({n},), got {window.shape} and {correct.shape}")
-    bad = (correct < 0) | (correct > window) | (window > gamma)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"step {i}: need 0 <= correct_drafts <= window <= gamma={gamma}, got "
-                         f"correct_drafts={correct[i]}, window={window[i]}")
     greedy = np.broadcast_to(np.asarray(greedy, dtype=bool), (n,))
     conf = _as_2d(confidence, (n, gamma), "confidence")
     q = _as_2d(q_draft, (n, gamma), "q_draft")
@@ -227,18 +219,8 @@ def estimate_ceiling(
         drafter = fit_drafter_map(conf, p, evidence.topk_state, window, correct, ~greedy)
     if use_drafter is None:
         use_drafter = drafter_explains_better(drafter, model, conf, p, evidence, window, correct, ~greedy)
-    p_known = ~np.isnan(p)
-    guess = model.draft(conf, evidence.p_topk, evidence.topk_state)
-    if use_drafter:
-        mapped = np.where(p_known, drafter.accept(conf, p), guess)
-        a_lo = np.where(p_known, drafter.accept(conf, p, z=_Z), 0.0)
-        a_hi = np.where(p_known, drafter.accept(conf, p, z=-_Z), 1.0)
-    else:
-        mapped = guess
-        a_lo, a_hi = np.nan_to_num(p, nan=0.0), np.ones_like(p)
-    a_lo = np.where(g, eq, np.where(known, exact, a_lo))
-    a_hi = np.where(g, eq, np.where(known, exact, a_hi))
-    a_mid = np.where(g, eq, np.where(known, exact, np.clip(mapped, a_lo, a_hi)))
+    a_lo, a_mid, a_hi = _default_factors(conf, p, evidence, model, drafter if use_drafter else None,
+                                         np.where(g, eq, np.nan), np.where(known, exact, np.nan))
     prior = model.prior(conf, greedy)
     if use_drafter:
         binned_prior = binned_prior or fit_binned_prior(conf, window, correct, ~greedy)
@@ -249,6 +231,49 @@ def estimate_ceiling(
     mid = ceiling_from_factors(walk, a_mid, tail=prior)
     return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model,
                            survival=position_survival(walk, a_mid, tail=prior))
+
+
+def _checked_steps(drafts, window, correct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``drafts [n, gamma]``, ``window`` and ``correct`` as arrays, refused with the bad step when inconsistent."""
+    drafts = np.asarray(drafts)
+    if drafts.ndim != 2 or drafts.shape[1] < 1:
+        raise ValueError(f"drafts must be a 2-D array [steps, gamma], got shape {drafts.shape}")
+    n, gamma = drafts.shape
+    window = np.asarray(window, dtype=np.int64)
+    correct = np.asarray(correct, dtype=np.int64)
+    if window.shape != (n,) or correct.shape != (n,):
+        raise ValueError(f"window and correct must have shape ({n},), got {window.shape} and {correct.shape}")
+    bad = (correct < 0) | (correct > window) | (window > gamma)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"step {i}: need 0 <= correct_drafts <= window <= gamma={gamma}, got "
+                         f"correct_drafts={correct[i]}, window={window[i]}")
+    return drafts, window, correct
+
+
+def _default_factors(conf, p, evidence: Evidence, model: AcceptanceModel, drafter: DrafterMap | None,
+                     greedy_eq: np.ndarray, exact: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-draft acceptance ``(a_lo, a_mid, a_hi)`` of the default method.
+
+    ``greedy_eq`` (the draft matched its realised token, NaN on sampled steps)
+    decides a greedy step; else ``exact`` (``min(1, p/q)`` from SGLang's JSONL,
+    NaN unknown); else the drafter map's band (``drafter`` given) or ``[p, 1]``
+    around the acceptance model's guess.
+    """
+    p_known = ~np.isnan(p)
+    guess = model.draft(conf, evidence.p_topk, evidence.topk_state)
+    if drafter is not None:
+        mapped = np.where(p_known, drafter.accept(conf, p), guess)
+        a_lo = np.where(p_known, drafter.accept(conf, p, z=_Z), 0.0)
+        a_hi = np.where(p_known, drafter.accept(conf, p, z=-_Z), 1.0)
+    else:
+        mapped = guess
+        a_lo, a_hi = np.nan_to_num(p, nan=0.0), np.ones_like(p)
+    g, known = ~np.isnan(greedy_eq), ~np.isnan(exact)
+    a_lo = np.where(g, greedy_eq, np.where(known, exact, a_lo))
+    a_hi = np.where(g, greedy_eq, np.where(known, exact, a_hi))
+    a_mid = np.where(g, greedy_eq, np.where(known, exact, np.clip(mapped, a_lo, a_hi)))
+    return a_lo, a_mid, a_hi
 
 
 def drafter_explains_better(drafter: DrafterMap, model: AcceptanceModel, conf, p, evidence: Evidence,

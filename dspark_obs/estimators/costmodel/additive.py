@@ -208,25 +208,9 @@ def fit_additive(cells: Cells, *, bs_probes: Sequence[int], m_probes: Sequence[i
     hb, hm = hat_basis(cells.bs, bs_grid), hat_basis(cells.m, m_grid)
     design = np.hstack([np.ones((len(cells), 1)), hb[:, 1:], hm[:, 1:]])
     w = np.sqrt(cells.n.astype(np.float64))
-    a, y = design * w[:, None], cells.seconds * w
-    scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # column scaling for conditioning
-    a_s = a / scale
-    if np.linalg.matrix_rank(a_s) < a_s.shape[1] or np.linalg.cond(a_s) > 1e8:
-        raise ValueError(
-            f"the steps cannot separate bias, alpha(bs) and theta(M): {len(cells)} (bs, M) cells for "
-            f"{a_s.shape[1]} coefficients (bs grid {bs_grid}, M grid {m_grid}). Pool runs with different "
-            "verify tokens at the same batch size, e.g. a static and a compact run (--run A --run B), "
-            "or pass coarser --bs-probes/--m-probes")
-    beta_s = np.linalg.lstsq(a_s, y, rcond=None)[0]
-    if beta_s[0] / scale[0] <= _BIAS_FLOOR_SECONDS:  # SGLang rejects bias <= 0
-        lower = np.full(beta_s.size, -np.inf)
-        lower[0] = _BIAS_FLOOR_SECONDS * scale[0]
-        beta_s = lsq_linear(a_s, y, bounds=(lower, np.inf), method="bvls").x
-    beta = beta_s / scale
-    resid = y - a @ beta
-    dof = max(a.shape[0] - a.shape[1], 1)
-    cov = (resid @ resid / dof) * np.linalg.pinv(a_s.T @ a_s) / np.outer(scale, scale)
-    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    beta, se = _solve(design * w[:, None], cells.seconds * w,
+                      f"{len(cells)} (bs, M) cells for {design.shape[1]} coefficients (bs grid {bs_grid}, "
+                      f"M grid {m_grid})")
     nb, nm = len(bs_grid) - 1, len(m_grid) - 1
     table = ct.SpsAdditiveCostTable(
         bias_seconds=float(beta[0]),
@@ -244,6 +228,27 @@ def fit_additive(cells: Cells, *, bs_probes: Sequence[int], m_probes: Sequence[i
         m_covered=_covered(hm),
         n_cells=len(cells), n_steps=int(cells.n.sum()),
     )
+
+
+def _solve(a: np.ndarray, y: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """Coefficients and standard errors of ``a @ beta ~ y`` with ``beta[0]`` (the bias) kept above the floor."""
+    scale = np.maximum(np.abs(a).max(axis=0), 1e-300)  # column scaling for conditioning
+    a_s = a / scale
+    if np.linalg.matrix_rank(a_s) < a_s.shape[1] or np.linalg.cond(a_s) > 1e8:
+        raise ValueError(
+            f"the steps cannot separate bias, alpha(bs) and theta(M): {what}. Pool runs with different "
+            "verify tokens at the same batch size, e.g. a static and a compact run (--run A --run B), "
+            "or pass coarser --bs-probes/--m-probes")
+    beta_s = np.linalg.lstsq(a_s, y, rcond=None)[0]
+    if beta_s[0] / scale[0] <= _BIAS_FLOOR_SECONDS:  # SGLang rejects bias <= 0
+        lower = np.full(beta_s.size, -np.inf)
+        lower[0] = _BIAS_FLOOR_SECONDS * scale[0]
+        beta_s = lsq_linear(a_s, y, bounds=(lower, np.inf), method="bvls").x
+    beta = beta_s / scale
+    resid = y - a @ beta
+    dof = max(a.shape[0] - a.shape[1], 1)
+    cov = (resid @ resid / dof) * np.linalg.pinv(a_s.T @ a_s) / np.outer(scale, scale)
+    return beta, np.sqrt(np.clip(np.diag(cov), 0.0, None))
 
 
 def _check_probes(name: str, probes: Sequence[int]) -> None:

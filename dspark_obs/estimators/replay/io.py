@@ -63,46 +63,15 @@ def load_step_log(con, run: str, *, timer: str = "step_gpu_ms", use_emulator_tru
     ``use_emulator_truth=False`` ignores ``emu_block_accept`` (to see what a real server's
     data would give); ``use_companion=False`` ignores a cap-accept companion run.
     """
-    sqlmod.refresh(con)
-    info = con.sql("SELECT mode, gamma FROM runs WHERE run_id = $run", params={"run": run}).fetchall()
-    steps = con.sql(_STEPS_SQL.format(timer=_timer(timer)),
-                    params={"run": run, "default_lag": default_lag}).to_arrow_table()
-    if steps.num_rows == 0:
-        raise ValueError(f"run {run!r} has no decode steps; list runs with `dspark-obs sql --data D run_overview`")
-    reqs = con.sql(_REQS_SQL, params={"run": run}).to_arrow_table()
-    modes = set(steps.column("mode").to_pylist()) - {""}
-    mode = (info[0][0] if info and info[0][0] else None) or (modes.pop() if len(modes) == 1 else "")
-    if mode == "static":
-        raise ValueError(f"run {run!r} is static: static steps carry no confidences and no budget, so there "
-                         "is nothing to replay; replay a compact or cap-accept run")
-    if reqs.num_rows == 0 or reqs.column("confidence").null_count == reqs.num_rows:
-        raise ValueError(f"run {run!r} has no request confidences; collect with the 'reqs' component "
-                         "(SGLANG_DSPARK_DEBUG_DUMP=...,reqs)")
-    steps = steps.take(np.argsort(_step_code(steps), kind="stable"))
-    reqs = reqs.take(np.argsort(_step_code(reqs), kind="stable"))  # stable: keeps the batch order
-    step_code, row_code = _step_code(steps), _step_code(reqs)
-    if np.setdiff1d(row_code, step_code).size:
-        raise ValueError(f"run {run!r}: some step_reqs rows have no steps row; the store is inconsistent "
-                         "(re-collect the run)")
-    ptr = np.searchsorted(row_code, step_code, side="left")
-    ptr_end = np.searchsorted(row_code, step_code, side="right")
-    keep = ptr_end > ptr  # steps without request rows cannot be replayed
-    if not keep.all():
-        steps = steps.filter(pa.array(keep))
-        ptr, ptr_end = ptr[keep], ptr_end[keep]
-    row_ptr = np.concatenate([ptr, ptr_end[-1:]]).astype(np.int64)
+    mode, gamma, steps, reqs = _read_run(con, run, timer, default_lag)
+    steps, reqs, row_ptr = _rows_by_step(run, steps, reqs)
     conf_col = reqs.column("confidence")
     if conf_col.null_count:
         raise ValueError(f"run {run!r}: {conf_col.null_count} request-steps lack confidences; "
                          "collect with the 'reqs' component for every step")
-    gamma = int(info[0][1]) if info and info[0][1] else len(conf_col[0].as_py())
+    gamma = gamma or len(conf_col[0].as_py())
     conf = np.asarray(pc.list_flatten(conf_col).to_numpy(zero_copy_only=False), dtype=np.float32)
     conf = conf.reshape(-1, gamma)
-    # A request is its rid; a server that sends no rid leaves its pool slot as the key.
-    rid = pc.if_else(pc.is_null(reqs.column("rid")),
-                     pc.binary_join_element_wise("#pool", pc.cast(reqs.column("req_pool_index"), pa.string()), ""),
-                     reqs.column("rid"))
-    rid_codes = pc.dictionary_encode(rid).combine_chunks().indices
     verify_len = reqs.column("verify_len").to_numpy().astype(np.int64)
     correct = reqs.column("correct_drafts").to_numpy().astype(np.int64)
     dp = steps.column("dp_rank").to_numpy().astype(np.int64)
@@ -126,10 +95,55 @@ def load_step_log(con, run: str, *, timer: str = "step_gpu_ms", use_emulator_tru
         budget=steps.column("budget").to_numpy().astype(np.int64), lag_steps=lag,
         unknown_history=_after_gaps(con, run, dp, seg, fct, lag),
         num_verify_tokens=steps.column("num_verify_tokens").to_numpy().astype(np.int64),
-        measured_s=measured, row_ptr=row_ptr, rid=np.asarray(rid_codes.to_numpy(), dtype=np.int64),
+        measured_s=measured, row_ptr=row_ptr, rid=_request_codes(reqs),
         confidence=conf, verify_len=verify_len,
         acc_len=reqs.column("acc_len").to_numpy().astype(np.int64),
         block_lo=lo, block_mid=mid, block_hi=hi, block_source=source)
+
+
+def _read_run(con, run: str, timer: str, default_lag: int) -> tuple[str, int | None, pa.Table, pa.Table]:
+    """``(mode, gamma or None, steps, request rows)`` of a run, refused with the fix when it cannot be replayed."""
+    sqlmod.refresh(con)
+    info = con.sql("SELECT mode, gamma FROM runs WHERE run_id = $run", params={"run": run}).fetchall()
+    steps = con.sql(_STEPS_SQL.format(timer=_timer(timer)),
+                    params={"run": run, "default_lag": default_lag}).to_arrow_table()
+    if steps.num_rows == 0:
+        raise ValueError(f"run {run!r} has no decode steps; list runs with `dspark-obs sql --data D run_overview`")
+    reqs = con.sql(_REQS_SQL, params={"run": run}).to_arrow_table()
+    modes = set(steps.column("mode").to_pylist()) - {""}
+    mode = (info[0][0] if info and info[0][0] else None) or (modes.pop() if len(modes) == 1 else "")
+    if mode == "static":
+        raise ValueError(f"run {run!r} is static: static steps carry no confidences and no budget, so there "
+                         "is nothing to replay; replay a compact or cap-accept run")
+    if reqs.num_rows == 0 or reqs.column("confidence").null_count == reqs.num_rows:
+        raise ValueError(f"run {run!r} has no request confidences; collect with the 'reqs' component "
+                         "(SGLANG_DSPARK_DEBUG_DUMP=...,reqs)")
+    return mode, (int(info[0][1]) if info and info[0][1] else None), steps, reqs
+
+
+def _rows_by_step(run: str, steps: pa.Table, reqs: pa.Table) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """Steps and request rows in step order (rows keep their batch order) and the rows of each step (CSR)."""
+    steps = steps.take(np.argsort(_step_code(steps), kind="stable"))
+    reqs = reqs.take(np.argsort(_step_code(reqs), kind="stable"))  # stable: keeps the batch order
+    step_code, row_code = _step_code(steps), _step_code(reqs)
+    if np.setdiff1d(row_code, step_code).size:
+        raise ValueError(f"run {run!r}: some step_reqs rows have no steps row; the store is inconsistent "
+                         "(re-collect the run)")
+    ptr = np.searchsorted(row_code, step_code, side="left")
+    ptr_end = np.searchsorted(row_code, step_code, side="right")
+    keep = ptr_end > ptr  # steps without request rows cannot be replayed
+    if not keep.all():
+        steps = steps.filter(pa.array(keep))
+        ptr, ptr_end = ptr[keep], ptr_end[keep]
+    return steps, reqs, np.concatenate([ptr, ptr_end[-1:]]).astype(np.int64)
+
+
+def _request_codes(reqs: pa.Table) -> np.ndarray:
+    """An integer per request: its rid, or (a server that sends no rid) its pool slot."""
+    rid = pc.if_else(pc.is_null(reqs.column("rid")),
+                     pc.binary_join_element_wise("#pool", pc.cast(reqs.column("req_pool_index"), pa.string()), ""),
+                     reqs.column("rid"))
+    return np.asarray(pc.dictionary_encode(rid).combine_chunks().indices.to_numpy(), dtype=np.int64)
 
 
 def _timer(timer: str) -> str:
@@ -252,14 +266,7 @@ def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
         sps_table, table_note = planning_table(con, run)
     else:
         table_note = "--sps-table"
-    time_note = "time_table argument"
-    if time_table is None:
-        time_table = fitted_table_of(con, run)
-        time_note = "costmodel fit of the run"
-        if time_table is None:
-            time_table, time_note = sps_table, f"planning table ({table_note})"
-            if ct.is_uninitialized(time_table):
-                time_table, time_note = ct.default_additive_table(), "default additive table"
+    time_table, time_note = _time_table(con, run, time_table, sps_table, table_note)
     cfg = ScheduleConfig(gamma=log.gamma)
     budgets, lens = replay_schedule(log, sps_table, cfg=cfg)
     report = ReplayReport(run=run, table_note=table_note, time_model=time_note,
@@ -292,6 +299,20 @@ def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
             "their full-block acceptance is the survival-based expectation within [window, gamma] "
             "(run `dspark-obs estimate` for ceiling rows, or collect a cap-accept companion)")
     return report
+
+
+def _time_table(con, run: str, given: Optional[ct.CostTable], sps_table: ct.CostTable,
+                table_note: str) -> tuple[ct.CostTable, str]:
+    """The table that prices steps and where it came from: given, else the run's cost-model fit, else the
+    planning table, else SGLang's default additive table."""
+    if given is not None:
+        return given, "time_table argument"
+    fitted = fitted_table_of(con, run)
+    if fitted is not None:
+        return fitted, "costmodel fit of the run"
+    if ct.is_uninitialized(sps_table):
+        return ct.default_additive_table(), "default additive table"
+    return sps_table, f"planning table ({table_note})"
 
 
 def write_results(store, report: ReplayReport) -> None:

@@ -47,6 +47,7 @@ def block_acceptance(*, mode: str, gamma: int, window: np.ndarray, correct_draft
 
     >>> lo, mid, hi, src = block_acceptance(mode="compact", gamma=3, window=np.array([1, 1]),
     ...     correct_drafts=np.array([0, 1]), cap_trim=np.zeros(2), survival=np.array([[.5, .25, .125]] * 2))
+    >>> from dspark_obs.estimators.replay.schedule import SOURCES
     >>> lo.tolist(), mid.tolist(), hi.tolist(), [SOURCES[i] for i in src]
     ([0.0, 1.0], [0.0, 1.75], [0.0, 3.0], ['truth', 'survival'])
     """
