@@ -13,6 +13,7 @@ from typing import Optional
 import numpy as np
 
 from dspark_obs import costtable as ct
+from dspark_obs.acceptance import known_block_accept
 from dspark_obs.estimators.replay.schedule import StepLog
 
 
@@ -42,8 +43,8 @@ def block_acceptance(*, mode: str, gamma: int, window: np.ndarray, correct_draft
 
     ``source`` indexes :data:`SOURCES` per row.  ``truth`` (nan where unknown) is emulator
     or companion truth; ``ceiling`` holds the ceiling table's ``(lo, mid, hi)`` in drafts
-    (nan where it has no row).  Static and cap-accept steps, and steps whose window
-    rejected a draft, are exact regardless.
+    (nan where it has no row).  Where the step shows it (:func:`dspark_obs.acceptance.known_block_accept`:
+    static and cap-accept steps, truth, a window that rejected a draft) it is exact.
 
     >>> lo, mid, hi, src = block_acceptance(mode="compact", gamma=3, window=np.array([1, 1]),
     ...     correct_drafts=np.array([0, 1]), cap_trim=np.zeros(2), survival=np.array([[.5, .25, .125]] * 2))
@@ -52,17 +53,8 @@ def block_acceptance(*, mode: str, gamma: int, window: np.ndarray, correct_draft
     ([0.0, 1.0], [0.0, 1.75], [0.0, 3.0], ['truth', 'survival'])
     """
     window = np.asarray(window, dtype=np.int64)
-    correct = np.asarray(correct_drafts, dtype=np.float64)
     n = window.size
-    lo = np.full(n, np.nan)
-    if mode == "static":
-        lo[:] = correct
-    elif mode == "cap-accept":
-        lo[:] = correct + np.asarray(cap_trim, dtype=np.float64)
-    if truth is not None:
-        lo = np.where(np.isnan(lo), np.asarray(truth, dtype=np.float64), lo)
-    exact_inside = (correct < window) | (window >= gamma)
-    lo = np.where(np.isnan(lo) & exact_inside, correct, lo)
+    lo = known_block_accept(mode, window, correct_drafts, cap_trim, gamma=gamma, truth=truth)
     mid, hi = lo.copy(), lo.copy()
     source = np.zeros(n, dtype=np.int8)
     todo = np.isnan(mid)
