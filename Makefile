@@ -9,7 +9,7 @@ FIDELITY_VENV ?= .fidelity-venv
 REALMODEL_VENV ?= .realmodel-venv
 DEMO_OUT ?= demo-data
 
-.PHONY: install chromium prometheus demo dashboard test test-main test-fidelity test-realmodel test-prometheus test-ray test-wheel clean
+.PHONY: install chromium prometheus demo dashboard lint test test-main test-fidelity test-realmodel test-prometheus test-ray test-wheel clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,7 +41,12 @@ dashboard: install
 
 test: test-main test-fidelity test-realmodel test-prometheus test-ray test-wheel
 
-test-main: install chromium
+# ruff (pyflakes and syntax errors) and the import layers of pyproject.toml ([tool.importlinter]).
+lint: install
+	$(BIN)/ruff check --no-cache .
+	$(BIN)/lint-imports --no-cache
+
+test-main: install chromium lint
 	$(BIN)/python -m pytest -q
 
 test-fidelity:

@@ -33,9 +33,9 @@ def _arrays(root: str, max_rows: int):
     """The inputs of the walk, as ``estimate_run`` builds them, for the first ``max_rows``
     request-steps (whole requests; the rule's cost per row does not depend on the store's size)."""
     from dspark_obs import sql
-    from dspark_obs.estimators import ceiling_io
-    from dspark_obs.estimators.ceiling_chunks import plan_chunks
-    from dspark_obs.estimators.ceiling_evidence import padded_lists
+    from dspark_obs.estimators.ceiling import io as ceiling_io
+    from dspark_obs.estimators.chunks import plan_chunks
+    from dspark_obs.estimators.ceiling.evidence import padded_lists
 
     con = sql.connect(root)
     chunk = plan_chunks(*ceiling_io._plan(con, "bench", root), chunk_rows=max_rows)[0]
@@ -77,7 +77,7 @@ def sglang_rule_loop(drafts, window, correct, realised, natural_end, a):
 
 
 def core(root: str, loop_rows: int, max_rows: int = 1_000_000) -> dict:
-    from dspark_obs.estimators.ceiling_walk import sglang_interval, walk_blocks
+    from dspark_obs.estimators.ceiling.walk import sglang_interval, walk_blocks
 
     drafts, window, correct, realised, natural_end, greedy, conf = _arrays(root, max_rows)
     n = len(window)
@@ -137,8 +137,8 @@ def _slope(xs: list[float], ys: list[float]) -> float | None:
 
 def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap_gb: float = 12.0) -> dict:
     sizes = sizes or ([100_000, 300_000, 1_000_000] if quick else [1_000_000, 3_000_000, 10_000_000])
-    from dspark_obs.estimators.calibration_chunks import DEFAULT_SAMPLE_ROWS
-    from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
+    from dspark_obs.estimators.calibration.chunks import DEFAULT_SAMPLE_ROWS
+    from dspark_obs.estimators.chunks import DEFAULT_CHUNK_ROWS, DEFAULT_FIT_ROWS
 
     res: dict = {"estimate.sizes": ",".join(str(s) for s in sizes), "estimate.chunk_rows": DEFAULT_CHUNK_ROWS,
                  "estimate.fit_rows": DEFAULT_FIT_ROWS, "estimate.calibration_sample_rows": DEFAULT_SAMPLE_ROWS}

@@ -38,7 +38,8 @@ from collectors.sglang.driver import DriveSpec  # noqa: E402
 from collectors.sglang.session import CollectOptions, collect  # noqa: E402
 from dspark_obs import sql  # noqa: E402
 from dspark_obs.emulator.server import SubprocessServer  # noqa: E402
-from dspark_obs.estimators import calibration, recalibration  # noqa: E402
+from dspark_obs.estimators import calibration  # noqa: E402
+from dspark_obs.estimators.calibration import recalibration
 from dspark_obs.estimators.ceiling import estimate_run  # noqa: E402
 from dspark_obs.store import Store  # noqa: E402
 

@@ -73,10 +73,8 @@ def ray_start_cost(workers: int) -> dict:
 
 def _tables_equal(a: Path, b: Path) -> dict:
     """The tables the local run wrote into ``a`` against the Ray run's in ``b``."""
-    from dspark_obs import schema
     from dspark_obs.store import Store
 
-    schema.load_result_schemas()  # the estimators' tables are registered when they are imported
     keys = {"ceiling": ["rid", "dp_rank", "forward_ct"], "ceiling_summary": ["workload"],
             "ceiling_validation": ["group_kind", "group"], "calibration": ["workload", "position", "binning"],
             "calibration_bins": ["workload", "position", "binning", "bin"]}

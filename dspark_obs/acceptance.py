@@ -13,13 +13,20 @@ speculative sampling; ``1[d_i == argmax p_i]`` under greedy decoding).  It is
 larger than the unconditional ``sum_k prod_{i<=k} a_i`` whenever a window draft
 had ``a_i < 1``.  A step rejected inside its window has shown its full-block
 acceptance: ``correct_drafts``.
+
+Where the full-block acceptance is *known* (:func:`known_block_accept`; in SQL
+the ``known_block_accept`` macro of ``sql/macros/acceptance.sql``): a static
+step verified the whole block (``correct_drafts``), a cap-accept step too
+(``correct_drafts + cap_trim``), a truth column says it (the emulator's
+``emu_block_accept``, a paired cap-accept companion), and a step rejected
+inside its window showed it (``correct_drafts``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["expected_given_window"]
+__all__ = ["expected_given_window", "known_block_accept"]
 
 
 def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: np.ndarray) -> np.ndarray:
@@ -49,3 +56,27 @@ def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: 
     chain = np.cumprod(np.where(tail, np.clip(a, 0.0, 1.0), 1.0), axis=1)
     extra = np.where(tail, chain, 0.0).sum(axis=1)
     return np.where(correct < window, correct, window + extra).astype(np.float64)
+
+
+def known_block_accept(mode: str, window: np.ndarray, correct: np.ndarray, cap_trim: np.ndarray, *, gamma: int,
+                       truth: np.ndarray | None = None) -> np.ndarray:
+    """Full-block accepted drafts per request-step where the step shows them, NaN elsewhere.
+
+    The run's mode first (static: ``correct``; cap-accept: ``correct + cap_trim``),
+    then ``truth`` (NaN where unknown), then the window: a draft rejected inside
+    it (``correct < window``) or a window of the whole block (``window >= gamma``).
+
+    >>> known_block_accept("compact", np.array([1, 1, 3]), np.array([0, 1, 3]), np.zeros(3), gamma=3).tolist()
+    [0.0, nan, 3.0]
+    """
+    window = np.asarray(window, dtype=np.int64)
+    correct = np.asarray(correct, dtype=np.float64)
+    known = np.full(window.size, np.nan)
+    if mode == "static":
+        known[:] = correct
+    elif mode == "cap-accept":
+        known[:] = correct + np.asarray(cap_trim, dtype=np.float64)
+    if truth is not None:
+        known = np.where(np.isnan(known), np.asarray(truth, dtype=np.float64), known)
+    shown = (correct < window) | (window >= gamma)
+    return np.where(np.isnan(known) & shown, correct, known)

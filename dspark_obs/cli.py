@@ -268,7 +268,7 @@ def collect(
                           keep_token_ids=keep_token_ids, request_log=str(request_log) if request_log else None)
     fit = None
     if ceiling_fit is not None:
-        from dspark_obs.estimators.ceiling_fit import CeilingFit
+        from dspark_obs.estimators.ceiling.fit import CeilingFit
 
         if metrics_port is None:
             _fail("--ceiling-fit feeds the live ceiling of the sidecar's metrics: give --metrics-port too")

@@ -24,8 +24,8 @@ RAY_WORKERS = typer.Option(None, "--ray-workers", min=1, help="With --engine ray
                            "the local Ray, one task each (default: all cores).")
 JOBS = typer.Option(None, "--jobs", "-j", min=1, help="With --engine local: processes on this machine, the run's "
                     "requests split by rid hash as --engine ray does; same tables as --jobs 1 (default: all cores).")
-PRELOAD = {"estimate": ("dspark_obs.sql", "dspark_obs.estimators.ceiling_ray"),
-           "calibrate": ("dspark_obs.sql", "dspark_obs.estimators.calibration_ray")}
+PRELOAD = {"estimate": ("dspark_obs.sql", "dspark_obs.estimators.ceiling.ray"),
+           "calibrate": ("dspark_obs.sql", "dspark_obs.estimators.calibration.ray")}
 PRELOAD["report"] = PRELOAD["estimate"] + PRELOAD["calibrate"][1:]
 """What each command's tasks import: loaded once, before the ``--jobs`` workers fork."""
 DATA_ROOT_HELP = ("Data root of the store: a directory (from `dspark-obs collect` or `demo`) or an object-store URL "

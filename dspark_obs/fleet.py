@@ -10,7 +10,7 @@ Collected tables (everything a sidecar writes but ``runs``) may be written as::
   Data, Spark or Trino prune by path without opening files.  ``dp_rank`` is
   also a column of the files (any engine reads it without the path).
 * **Clustered by request**: rows within a file are sorted by the request's
-  hash (:func:`dspark_obs.estimators.ceiling_chunks.rid_hash`) and rid, so a
+  hash (:func:`dspark_obs.keys.stable_keys`) and rid, so a
   request's rows are contiguous and a shard of requests by hash reads
   contiguous row ranges.
 * **Manifest of committed files**: a data file is visible only once a manifest
@@ -41,6 +41,8 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from dspark_obs.keys import stable_keys
+
 __all__ = ["LAYOUTS", "FLEET_TABLES", "MANIFEST_DIR", "FleetWriter", "committed_files", "manifest_fingerprint",
            "forget_table"]
 
@@ -56,11 +58,9 @@ def _cluster(data: pa.Table) -> pa.Table:
     """Rows sorted by request hash, then rid (steps without a rid last, in their order)."""
     if "rid" not in data.column_names or data.num_rows < 2:
         return data
-    from dspark_obs.estimators.ceiling_chunks import rid_hash
-
     rids = data.column("rid").to_pylist()
     order = np.lexsort((np.arange(len(rids)), np.array([r or "" for r in rids], dtype=object).astype(str),
-                        rid_hash(rids), np.array([r is None for r in rids])))
+                        stable_keys(rids), np.array([r is None for r in rids])))
     return data.take(pa.array(order))
 
 

@@ -174,8 +174,6 @@ def memory_connection(steps: pa.Table, step_reqs: pa.Table, *, run_id: str, gamm
     server's deque, or one poll's batch in the sidecar.  Given ``con`` (one this
     function made), the tables are swapped in place, which is much cheaper.
     """
-    from dspark_obs.estimators import ceiling  # noqa: F401  (registers the ceiling schema)
-
     fresh = con is None
     con = duckdb.connect() if fresh else con
     tables = {

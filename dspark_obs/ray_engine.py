@@ -1,7 +1,7 @@
 """``--engine ray``: the estimators' chunks as Ray tasks, no scheduler of our own.
 
 The driver plans a run (its requests, the fitted models), splits the requests by
-rid hash into shards (:func:`~dspark_obs.estimators.ceiling_chunks.shard_requests`),
+rid hash into shards (:func:`~dspark_obs.estimators.chunks.shard_requests`),
 and maps one task per shard.  Each task runs the very per-chunk function of the
 local path over its shard, reads the store itself (a local path every worker
 sees, or an ``s3://`` URL) and returns small sufficient statistics; the driver

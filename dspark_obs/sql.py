@@ -197,7 +197,6 @@ def refresh(con: duckdb.DuckDBPyConnection) -> None:
         if moved or "quarantined_files" not in _views(con):
             con.register("_dspark_obs_quarantine", quarantine.listing(root))
             con.execute("CREATE OR REPLACE VIEW quarantined_files AS SELECT * FROM _dspark_obs_quarantine")
-    schema.load_result_schemas()
     filled = set(_variable(con, _FILLED_VAR) or [])
     views = _views(con)
     now_filled = _tables_with_files(root)

@@ -117,7 +117,6 @@ def run_sql_command(data: Path, query: str, params: dict[str, Any], *, fmt: str,
     from dspark_obs import sql_readonly
 
     start = time.monotonic()
-    schema.load_result_schemas()
     check_canned_name(query, sorted(sqlmod.canned_queries()), [*schema.TABLES, "step_reqs_w", "quarantined_files"])
     try:
         table = sql_readonly.run(data, query, params or None, limit=limit,

@@ -160,7 +160,6 @@ def open_connection(root: str | Path) -> duckdb.DuckDBPyConnection:
     con = duckdb.connect(":memory:")
     try:
         con.execute("SET TimeZone = 'UTC'")
-        schema.load_result_schemas()
         for table in schema.TABLES:
             source = f"_dspark_obs_{table}"
             con.register(source, _dataset(root, table))

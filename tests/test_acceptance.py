@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_obs.acceptance import expected_given_window
+from dspark_obs.acceptance import expected_given_window, known_block_accept
 
 
 def test_a_censored_step_adds_the_chain_beyond_its_window():
@@ -33,3 +33,34 @@ def test_a_full_window_and_an_empty_one():
 def test_shapes_are_checked():
     with pytest.raises(ValueError, match="accept_prob must be"):
         expected_given_window(np.ones(3), np.array([1]), np.array([1]))
+
+
+# (mode, emu truth, correct_drafts, cap_trim, window) -> full-block accepted drafts where known, gamma = 4
+KNOWN_CASES = [
+    ("static", None, 2, 0, 4, 2.0),          # a static step verified the whole block
+    ("cap-accept", None, 1, 2, 1, 3.0),      # cap-accept: what it accepted plus what the cap trimmed
+    ("compact", 3, 2, 0, 2, 3.0),            # the emulator's truth
+    ("compact", None, 1, 0, 3, 1.0),         # a draft rejected inside the window shows it
+    ("compact", None, 2, 0, 2, None),        # the window accepted whole: hidden
+]
+
+
+@pytest.mark.parametrize("mode, emu, correct, cap, window, expected", KNOWN_CASES)
+def test_known_block_accept_in_python(mode, emu, correct, cap, window, expected):
+    got = known_block_accept(mode, np.array([window]), np.array([correct]), np.array([cap]), gamma=4,
+                             truth=np.array([np.nan if emu is None else emu], dtype=float))[0]
+    assert (np.isnan(got) if expected is None else got == expected)
+
+
+def test_a_window_of_the_whole_block_shows_it_in_python():
+    assert known_block_accept("compact", np.array([4]), np.array([4]), np.zeros(1), gamma=4).tolist() == [4.0]
+
+
+@pytest.mark.parametrize("mode, emu, correct, cap, window, expected", KNOWN_CASES)
+def test_the_sql_macro_says_what_the_python_rule_says(tmp_path, mode, emu, correct, cap, window, expected):
+    from dspark_obs import sql
+
+    con = sql.connect(tmp_path)  # an empty store: the macros exist all the same
+    got = con.execute("SELECT known_block_accept($mode, $emu::SMALLINT, $c::SMALLINT, $cap::SMALLINT, $w::SMALLINT)",
+                      {"mode": mode, "emu": emu, "c": correct, "cap": cap, "w": window}).fetchone()[0]
+    assert got == expected

@@ -13,9 +13,9 @@ from sklearn.metrics import log_loss as sk_log_loss
 from sklearn.metrics import roc_auc_score
 
 from dspark_obs import sql
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators import calibration as cal
-from dspark_obs.estimators import calibration_metrics as metrics
+from dspark_obs.estimators.calibration import metrics
 from dspark_obs.report.stats import Z95
 from dspark_obs.store import Store
 
@@ -202,9 +202,9 @@ def test_debiased_ece_is_closer_to_zero_on_calibrated_data():
 def test_bootstrap_resamples_whole_requests():
     y, p = random_case(4, n=200)
     groups = np.repeat(np.arange(20), 10)
-    b = metrics._binned(y, p, 15, "uniform")
-    weights = resampling.poisson_weights(resampling.unit_keys(range(20)), 5, seed=3)
-    got = metrics._resampled_ece(weights, groups, b, p, y)
+    b = metrics.binned(y, p, 15, "uniform")
+    weights = bootstrap.poisson_weights(bootstrap.unit_keys(range(20)), 5, seed=3)
+    got = metrics.resampled_ece(weights, groups, b, p, y)
     for row, value in zip(weights, got):  # the same ECE as the explicitly resampled data set
         take = np.concatenate([np.flatnonzero(groups == g).repeat(int(c)) for g, c in enumerate(row)])
         assert value == pytest.approx(loop_ece(y[take], p[take]), abs=1e-12)
@@ -229,8 +229,8 @@ def test_the_ece_interval_holds_the_estimate_of_a_calibrated_head():
     groups = np.repeat(np.arange(100), 3)
     ece = cal.expected_calibration_error(y, p)
     lo, hi = cal.bootstrap_calibration_error(y, p, groups, n_resamples=400, seed=0)
-    b = metrics._binned(y, p, 15, "uniform")
-    reps = metrics._resampled_ece(resampling.poisson_weights(resampling.unit_keys(range(100)), 400, seed=0),
+    b = metrics.binned(y, p, 15, "uniform")
+    reps = metrics.resampled_ece(bootstrap.poisson_weights(bootstrap.unit_keys(range(100)), 400, seed=0),
                                   groups, b, p, y)
     assert np.quantile(reps, 0.025) > ece  # the percentile interval's lower end is above the estimate
     half = Z95 * reps.std(ddof=1)

@@ -1,4 +1,4 @@
-"""Tests for calibration_chunks: calibrate_run over chunks of requests equals one pass."""
+"""Tests for calibration.chunks: calibrate_run over chunks of requests equals one pass."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import pytest
 
 from dspark_obs import sql
 from dspark_obs.estimators import calibration as cal
-from dspark_obs.estimators import calibration_metrics as metrics
-from dspark_obs.estimators import resampling
-from dspark_obs.estimators.calibration_chunks import plan_run
+from dspark_obs.estimators import stats as bootstrap
+from dspark_obs.estimators.calibration.chunks import plan_run
 from dspark_obs.estimators.ceiling import estimate_run
 from dspark_obs.store import Store
 
@@ -69,9 +68,9 @@ def test_a_sample_smaller_than_the_run_only_moves_auroc_and_mass_edges(generated
 
 def test_weights_of_a_chunk_are_the_one_pass_columns():
     units = [f"r{i:04d}" for i in range(300)]
-    whole = resampling.poisson_weights(resampling.unit_keys(units), 150, 7)
+    whole = bootstrap.poisson_weights(bootstrap.unit_keys(units), 150, 7)
     some = [3, 50, 299]
-    np.testing.assert_array_equal(resampling.poisson_weights(resampling.unit_keys([units[i] for i in some]), 150, 7),
+    np.testing.assert_array_equal(bootstrap.poisson_weights(bootstrap.unit_keys([units[i] for i in some]), 150, 7),
                                   whole[:, some])
     assert abs(whole.mean() - 1.0) < 0.02 and abs(whole.var() - 1.0) < 0.05   # Poisson(1)
 

@@ -55,7 +55,7 @@ def test_chunked_calibration_equals_the_previous_implementation(estimated, label
 
 def test_poisson_weights_from_integer_thresholds_are_the_float_draws():
     """Each weight equals the draw through a float uniform and a search of the Poisson(1) CDF."""
-    from dspark_obs.estimators import resampling as rs
+    from dspark_obs.estimators import stats as rs
 
     keys = np.random.default_rng(7).integers(0, 2**63, 20_000, dtype=np.uint64)
     fast = rs.poisson_weights(keys, 40, seed=5, start=3)

@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from dspark_obs.estimators.ceiling import estimate_ceiling
-from dspark_obs.estimators.ceiling_evidence import (
+from dspark_obs.estimators.ceiling.evidence import (
     Evidence, check_alignment, draft_evidence, token_index,
 )
-from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, fit_acceptance_model
-from dspark_obs.estimators.ceiling_stats import equal_count_bins, summarize, validate
-from dspark_obs.estimators.ceiling_walk import CATEGORIES, sglang_interval, walk_blocks
+from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
+from dspark_obs.estimators.ceiling.prior import AcceptanceModel, fit_acceptance_model
+from dspark_obs.estimators.ceiling.stats import equal_count_bins, summarize, validate
+from dspark_obs.estimators.ceiling.walk import CATEGORIES, sglang_interval, walk_blocks
 
 NAN = math.nan
 G = 4  # gamma of the hand-computed cases
@@ -356,15 +356,16 @@ def test_summary_bootstrap_in_blocks_draws_the_resamples_of_one_draw():
     """The request bootstrap is drawn 64 resamples at a time (bounded memory); its interval is the
     percentile interval of the Poisson weights drawn per request, and any split of the requests
     sums to the same resamples (what --engine ray merges)."""
-    from dspark_obs.estimators import ceiling_stats, resampling
+    from dspark_obs.estimators import stats as bootstrap
+    from dspark_obs.estimators.ceiling import stats as ceiling_stats
 
     rng = np.random.default_rng(3)
     r, b = 500, 150  # 150 resamples: two full blocks and a partial one
     sums, den = rng.random((r, 2)), rng.integers(1, 9, r).astype(float)
-    keys = resampling.unit_keys([f"req-{i}" for i in range(r)])
+    keys = bootstrap.unit_keys([f"req-{i}" for i in range(r)])
     whole = ceiling_stats.group_sums(sums, den, keys, n_bootstrap=b, seed=7)
     values, ci = ceiling_stats._bootstrap_ratios(whole, [(0, 1)])
-    w = resampling.poisson_weights(keys, b, 7)
+    w = bootstrap.poisson_weights(keys, b, 7)
     num, d = w @ sums, w @ den
     boot = np.column_stack([num / d[:, None], num[:, 0] / num[:, 1]])
     np.testing.assert_allclose(ci, np.percentile(boot, [2.5, 97.5], axis=0), rtol=1e-12)

@@ -1,4 +1,4 @@
-"""Tests for ceiling_chunks and the chunked estimate_run: chunks of whole requests give one pass's results."""
+"""Tests for estimators.chunks and the chunked estimate_run: chunks of whole requests give one pass's results."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from dspark_obs import sql
 from dspark_obs.estimators.ceiling import estimate_run
-from dspark_obs.estimators.ceiling_chunks import plan_chunks, rid_hash, sample_requests
+from dspark_obs.estimators.chunks import plan_chunks, rid_hash, sample_requests
 from dspark_obs.store import Store
 
 

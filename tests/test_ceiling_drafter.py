@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_obs.estimators.ceiling_drafter import fit_drafter_map
+from dspark_obs.estimators.ceiling.drafter import fit_drafter_map
 
 GAMMA = 3
 
@@ -56,7 +56,7 @@ def test_too_few_drafts_keep_the_raw_head():
 
 
 def test_the_binned_prior_is_each_bins_verified_rate_shrunk_to_the_pooled_one():
-    from dspark_obs.estimators.ceiling_prior import fit_binned_prior
+    from dspark_obs.estimators.ceiling.prior import fit_binned_prior
 
     # 2 positions, all windows full: position 1 accepts every low-confidence draft, position 2 none
     n = 200

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_obs.estimators import ceiling_drafter as cd
+from dspark_obs.estimators.ceiling import drafter as cd
 
 
 def _reference_q(m: cd.DrafterMap, confidence: np.ndarray, z: float = 0.0) -> np.ndarray:

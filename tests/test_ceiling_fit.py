@@ -1,13 +1,13 @@
-"""Tests for dspark_obs.estimators.ceiling_fit: a fit survives its file exactly, and a wrong file is refused."""
+"""Tests for dspark_obs.estimators.ceiling.fit: a fit survives its file exactly, and a wrong file is refused."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from dspark_obs.estimators.ceiling_drafter import DrafterMap
-from dspark_obs.estimators.ceiling_fit import CeilingFit
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, BinnedPrior
+from dspark_obs.estimators.ceiling.drafter import DrafterMap
+from dspark_obs.estimators.ceiling.fit import CeilingFit
+from dspark_obs.estimators.ceiling.prior import AcceptanceModel, BinnedPrior
 
 
 def _fit() -> CeilingFit:

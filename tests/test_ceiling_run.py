@@ -125,7 +125,7 @@ def test_errors_name_the_fix(tmp_path, store):
 
 
 def test_estimate_run_accepts_a_connection_and_sglang_logprobs(store):
-    from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
+    from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
 
     lp = logprobs_from_sglang_jsonl([
         {"rid": "t", "fct": 3, "w": 1, "cl": 1, "ct": 0, "q_lp": [math.log(0.5), math.log(0.8)],

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from dspark_obs.estimators.ceiling import estimate_ceiling
-from dspark_obs.estimators.ceiling_evidence import Evidence
+from dspark_obs.estimators.ceiling.evidence import Evidence
 
 GAMMA, VOCAB, TOP_K = 6, 40, 5
 
@@ -110,7 +110,7 @@ def test_a_drafter_probability_head_is_mapped_back_to_q(scale, shift):
     est = got["est"]
     cen = sim["censored"]
     width = (est.hi - est.lo)[cen].mean()
-    from dspark_obs.estimators.ceiling_drafter import DrafterMap
+    from dspark_obs.estimators.ceiling.drafter import DrafterMap
     unfitted = DrafterMap(gamma=GAMMA, coef=None, cov=None, n_train=0)
     evidence_only = _run(sim, drafter=unfitted)
     print(f"\nhead = q(d) via ({scale}, {shift:+}): coverage {got['coverage']:.3f}, MAE {got['mae']:.3f}, "
@@ -131,7 +131,7 @@ def test_per_position_survival_sums_to_mid_and_tracks_the_true_survival():
     tail = off > sim["window"][:, None]
     a = np.minimum(1.0, sim["p_d"] / sim["q_d"])
     true = np.where(tail, np.cumprod(np.where(tail, a, 1.0), axis=1), 1.0)   # given the window was accepted
-    from dspark_obs.estimators.calibration_events import block_events
+    from dspark_obs.estimators.calibration.events import block_events
 
     clipped = block_events(est.mid, gamma=GAMMA)
     err_new = np.abs((est.survival - true)[cen].mean(axis=0)).max()

@@ -150,7 +150,7 @@ def test_server_restart_starts_a_new_segment(tmp_path, emulator):
         col.writer.close()
         return col
 
-    col = asyncio.run(scenario())
+    asyncio.run(scenario())
     gaps = store.read("gaps", "r4").to_pylist()
     assert [g["reason"] for g in gaps] == ["server_restart"] and gaps[0]["segment"] == 1
     steps = store.read("steps", "r4")

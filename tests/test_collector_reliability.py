@@ -1,7 +1,6 @@
 """Never lose silently, never block: exact gap accounting, write backlog, kill -9, fuzzed payloads."""
 
 import asyncio
-import json
 import os
 import random
 import signal

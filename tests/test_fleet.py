@@ -9,7 +9,7 @@ import pytest
 
 from dspark_obs import sql
 from dspark_obs.estimators import ceiling
-from dspark_obs.estimators.ceiling_chunks import rid_hash
+from dspark_obs.estimators.chunks import rid_hash
 from dspark_obs.objstore import ObjectStore
 from dspark_obs.store import Store
 

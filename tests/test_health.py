@@ -8,7 +8,6 @@ import pandas as pd
 import pytest
 
 from dspark_obs import health, sql
-from dspark_obs.estimators import ceiling  # noqa: F401  (registers the ceiling schema)
 from dspark_obs.store import Store
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)

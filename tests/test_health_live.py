@@ -220,7 +220,7 @@ def test_live_ceiling_for_greedy_requests_equals_the_offline_estimate(tmp_path):
 
 def test_live_ceiling_for_sampled_requests_equals_the_offline_estimate_with_the_same_fit(tmp_path):
     from dspark_obs.estimators.ceiling import estimate_run
-    from dspark_obs.estimators.ceiling_fit import CeilingFit
+    from dspark_obs.estimators.ceiling.fit import CeilingFit
 
     store = Store(tmp_path / "data")
     drive = DriveSpec(["gsm8k", "arena-hard", "poetry"], 24, concurrency=8, max_new_tokens=64, temperature=0.8)

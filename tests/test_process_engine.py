@@ -28,7 +28,7 @@ def generated(tmp_path_factory) -> Store:
 
 @pytest.fixture(scope="module")
 def pool():
-    engine = ProcessEngine(2, preload=("dspark_obs.estimators.ceiling_ray",)).start()
+    engine = ProcessEngine(2, preload=("dspark_obs.estimators.ceiling.ray",)).start()
     yield engine
     engine.close()
 

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from dspark_obs.cli import app
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import ceiling
-from dspark_obs.estimators.ceiling_chunks import rid_hash, shard_requests
+from dspark_obs.estimators.chunks import rid_hash, shard_requests
 from dspark_obs.store import Store
 
 

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from dspark_obs.estimators import recalibration as rc
+from dspark_obs.estimators.calibration import recalibration as rc
 
 
 def test_the_split_is_by_request_seeded_and_about_half():

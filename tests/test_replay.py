@@ -7,7 +7,6 @@ import json
 
 import msgspec
 import numpy as np
-import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -197,7 +196,6 @@ def test_without_truth_the_interval_comes_from_survival_and_covers_the_truth(con
 def test_ceiling_rows_fill_in_censored_steps(con, runs, tmp_path):
     from dspark_obs import schema
 
-    schema.load_result_schemas()
     if "ceiling" not in schema.TABLES:
         pytest.skip("no ceiling estimator in this tree")
     log_rows = con.sql("SELECT dp_rank, forward_ct, segment, rid, prefix_len, verify_len - 1 AS w, "

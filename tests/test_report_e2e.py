@@ -253,7 +253,7 @@ def test_the_html_renders_its_charts_offline_in_chromium(good):
 
 
 def test_the_sts_refit_is_evaluated_and_a_recommendation_writes_sglangs_file(store_root, bad, tmp_path):
-    from dspark_obs.estimators.sts import StsCalibration, StsFit, fit_sts_run
+    from dspark_obs.estimators.calibration.sts import StsCalibration, StsFit, fit_sts_run
     from dspark_obs.report.build import _sts_rows
     from dspark_obs.report.model import Figure, ThresholdVerdict
     from dspark_obs.report.render_md import render_markdown

@@ -1,4 +1,4 @@
-"""Tests for dspark_obs.estimators.sts: SGLang's Sequential Temperature Scaling and its file."""
+"""Tests for dspark_obs.estimators.calibration.sts: SGLang's Sequential Temperature Scaling and its file."""
 
 from __future__ import annotations
 
@@ -9,8 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from dspark_obs import sql
-from dspark_obs.estimators import sts
+from dspark_obs.estimators.calibration import sts
 from dspark_obs.store import Store
 
 T0 = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.timezone.utc)

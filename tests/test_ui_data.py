@@ -7,7 +7,7 @@ import datetime as dt
 import pandas as pd
 import pytest
 
-from dspark_obs import schema, sql
+from dspark_obs import sql
 from dspark_obs.store import Store
 from dspark_obs.ui.data import Filters, query_parameters, run_query
 
@@ -38,7 +38,6 @@ def _ce(fct, rid, workload, prefix, window, correct, lo, mid, hi, category="exac
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
     """r1: compact (gamma 3) with requests a (math, T0) and b (poetry, T0 + 60 s); r2: its cap-accept companion."""
-    schema.load_result_schemas()
     root = tmp_path_factory.mktemp("ui-data")
     s = Store(root)
     s.upsert_run("r1", started_at=T0, ended_at=T0 + dt.timedelta(seconds=100), source="emulator", mode="compact",
@@ -228,7 +227,6 @@ def test_ui_ceiling_categories_shows_cap_accept_steps_as_observed(con, root):
 
 
 def test_ui_verdicts_reads_the_latest_report_with_its_limits(tmp_path):
-    schema.load_result_schemas()
     s = Store(tmp_path)
 
     def row(report, at, metric, verdict, value, kind="max", limit=0.05, position=None):

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from collectors.sglang.decode import ServerInfoPayload, _Record
+from collectors.sglang.decode import ServerInfoPayload, SglangRecord
 
 
 @dataclass
@@ -61,7 +61,7 @@ class RankCursor:
 class PollDelta:
     """New records per rank (oldest first) and the gaps noticed by this poll."""
 
-    new: dict[int, list[_Record]] = field(default_factory=dict)
+    new: dict[int, list[SglangRecord]] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
     restarted: bool = False
     note: str = ""  # something the collector should report once (two servers behind one URL)

@@ -60,7 +60,7 @@ class _Req(msgspec.Struct):
     emu_expected_given_window: Optional[float] = None
 
 
-class _Record(msgspec.Struct):
+class SglangRecord(msgspec.Struct):
     forward_ct: I64
     bs: I32 = -1
     mode: str = ""
@@ -128,7 +128,7 @@ def _fast_struct(reference: type, name: str, types: Mapping[str, Any], **options
 
 _FastReq = _fast_struct(_Req, "_FastReq", {n: msgspec.Raw for n in _RAW_LISTS}, gc=False)
 # ``dict=True``: the parsed list columns of a record's rows ride in its ``__dict__``.
-_FastRecord = _fast_struct(_Record, "_FastRecord", {"reqs": Optional[list[_FastReq]]}, dict=True)
+_FastRecord = _fast_struct(SglangRecord, "_FastRecord", {"reqs": Optional[list[_FastReq]]}, dict=True)
 _FastPayload = _fast_struct(_Payload, "_FastPayload", {"records": list[_FastRecord]})
 _FastState = _fast_struct(_State, "_FastState", {"dspark_info_record": Optional[_FastPayload]})
 _FastServerInfo = _fast_struct(_ServerInfo, "_FastServerInfo", {"internal_states": list[_FastState]})
@@ -141,7 +141,7 @@ class RankPayload:
     dp_rank: int
     mode: str
     gamma: int
-    records: list[_Record]
+    records: list[SglangRecord]
     dead: list[tuple[str, bytes]] = field(default_factory=list)  # (reason, raw record)
     components: tuple[str, ...] = ()
     raws: list[bytes] = field(default_factory=list)  # raw JSON of each good record, same order
@@ -156,7 +156,7 @@ class ServerInfoPayload:
 
 
 _info_decoder = msgspec.json.Decoder(_ServerInfo)
-_record_decoder = msgspec.json.Decoder(_Record)
+_record_decoder = msgspec.json.Decoder(SglangRecord)
 _fast_decoder = msgspec.json.Decoder(_FastServerInfo)
 
 
@@ -314,7 +314,7 @@ def _decode_reference(body: bytes) -> ServerInfoPayload:
             ranks.append(RankPayload(i, "", 0, []))
             continue
         has_dspark = True
-        good: list[_Record] = []
+        good: list[SglangRecord] = []
         raws: list[bytes] = []
         dead: list[tuple[str, bytes]] = []
         for raw in payload.records:
@@ -361,7 +361,7 @@ def _state_args(raw: msgspec.Raw) -> Any:
     return {k: msgspec.json.decode(v) for k, v in state.items() if k != "dspark_info_record"}
 
 
-def records_to_tables(records: list[_Record], *, dp_rank: int, segment: int) -> tuple[pa.Table, pa.Table]:
+def records_to_tables(records: list[SglangRecord], *, dp_rank: int, segment: int) -> tuple[pa.Table, pa.Table]:
     """``steps`` and ``step_reqs`` Arrow tables for one rank's records."""
     if records and all(isinstance(r, _FastRecord) for r in records):
         return _steps_table(records, dp_rank, segment), _fast_reqs_table(records, dp_rank, segment)
@@ -434,7 +434,7 @@ def _steps_table(records: list, dp_rank: int, segment: int) -> pa.Table:
     return pa.Table.from_pydict(steps, schema=schema.schema_for("steps"))
 
 
-def _reqs_table(records: list[_Record], dp_rank: int, segment: int) -> pa.Table:
+def _reqs_table(records: list[SglangRecord], dp_rank: int, segment: int) -> pa.Table:
     """``step_reqs`` of the reference path, row by row."""
     cols: dict[str, list] = {name: [] for name in schema.STEP_REQS.names}
     for r in records:
@@ -465,7 +465,7 @@ def _reqs_table(records: list[_Record], dp_rank: int, segment: int) -> pa.Table:
 _CONVERSION_ERRORS = (pa.ArrowException, ValueError, TypeError, OverflowError, UnicodeError)
 
 
-def records_to_tables_safe(records: list[_Record], raws: Optional[list[bytes]] = None, *, dp_rank: int,
+def records_to_tables_safe(records: list[SglangRecord], raws: Optional[list[bytes]] = None, *, dp_rank: int,
                            segment: int) -> tuple[pa.Table, pa.Table, list[tuple[str, bytes]]]:
     """Like :func:`records_to_tables`, but a record Arrow cannot hold is returned as a dead letter.
 
@@ -479,7 +479,7 @@ def records_to_tables_safe(records: list[_Record], raws: Optional[list[bytes]] =
         return steps, reqs, []
     except _CONVERSION_ERRORS:
         pass
-    good: list[_Record] = []
+    good: list[SglangRecord] = []
     dead: list[tuple[str, bytes]] = []
     for i, rec in enumerate(records):
         try:

@@ -4,7 +4,7 @@ For a greedy request a trimmed draft would have been accepted exactly when it
 equals the token the target went on to commit at its position, so once the
 request's output tokens are known (the driver's responses, or ``collect
 --request-log``) each censored request-step's full-block acceptance follows
-from :func:`dspark_obs.estimators.ceiling_walk.walk_blocks`, the walk the
+from :func:`dspark_obs.estimators.ceiling.walk.walk_blocks`, the walk the
 offline estimator uses: ``lo`` counts the walked drafts that match (the
 unverifiable rest at 0), ``hi`` the same with the rest accepted; the two agree
 unless the output was cut before the walk ended.  A sampled request's trimmed
@@ -14,7 +14,7 @@ with ``fit`` (``collect --ceiling-fit FILE``, written by ``dspark-obs estimate
 go through :func:`~dspark_obs.estimators.ceiling.estimate_ceiling` itself, with
 that fit, so the live sums are what ``estimate --fit-in FILE`` writes for the
 run; without one they are counted, not estimated.  Evidence and the alignment
-check are the estimator's (:func:`~dspark_obs.estimators.ceiling_evidence.align_requests`),
+check are the estimator's (:func:`~dspark_obs.estimators.ceiling.evidence.align_requests`),
 over the request's censored steps.  Steps and tokens can arrive in either
 order (a request's last steps may come with the poll after its response), so
 censored steps wait for their request and finished requests wait, a bounded
@@ -40,9 +40,9 @@ import pyarrow.compute as pc
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dspark_obs.estimators.ceiling import estimate_ceiling
-from dspark_obs.estimators.ceiling_evidence import align_requests, padded_lists, token_index
-from dspark_obs.estimators.ceiling_fit import CeilingFit
-from dspark_obs.estimators.ceiling_walk import NO_TOKEN, ceiling_from_factors, walk_blocks
+from dspark_obs.estimators.ceiling.evidence import align_requests, padded_lists, token_index
+from dspark_obs.estimators.ceiling.fit import CeilingFit
+from dspark_obs.estimators.ceiling.walk import NO_TOKEN, ceiling_from_factors, walk_blocks
 
 NS = "dspark_obs:"
 

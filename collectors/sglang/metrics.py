@@ -41,7 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from collectors.sglang.health_metrics import HealthCounters
 from collectors.sglang.live_ceiling import LiveCeiling
-from dspark_obs.estimators.ceiling_fit import CeilingFit
+from dspark_obs.estimators.ceiling.fit import CeilingFit
 
 NS = "dspark_obs:"
 MAX_POSITIONS = 16

@@ -134,7 +134,7 @@ def calibrate(
 
 def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, out: Optional[Path], *,
                  fmt: str = "table") -> None:
-    from dspark_obs.estimators import recalibration as rc
+    from dspark_obs.estimators.calibration import recalibration as rc
 
     kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels
     if kind is None:
@@ -161,7 +161,7 @@ def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap,
 
 
 def _recalibration_table(result) -> Table:
-    from dspark_obs.estimators import recalibration as rc
+    from dspark_obs.estimators.calibration import recalibration as rc
 
     table = Table(title=f"Held-out ECE of survival S_k after each map ({result.labels} labels, all workloads; "
                         "fitted on the other half of the requests), lower is better", header_style="bold")
@@ -183,7 +183,7 @@ def _recalibration_table(result) -> Table:
 
 
 def _read_sts(path: Path) -> list[float]:
-    from dspark_obs.estimators.sts import StsCalibration
+    from dspark_obs.estimators.calibration.sts import StsCalibration
 
     try:
         return StsCalibration.from_json(path.read_bytes()).temperatures
@@ -204,7 +204,7 @@ def _server_sts_path(con, run: str) -> Optional[str]:
 
 def _fit_and_write(con, run, labels, results, companion, current, current_sts, out: Path, *,
                    fmt: str = "table") -> None:
-    from dspark_obs.estimators import sts
+    from dspark_obs.estimators.calibration import sts
 
     kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels
     if kind is None:

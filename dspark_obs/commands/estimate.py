@@ -97,7 +97,7 @@ def estimate(
     """
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import ceiling as ceil
-    from dspark_obs.estimators.ceiling_jsonl import logprobs_from_sglang_jsonl
+    from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
 
     check_format(format)
     if method not in METHOD_CHOICES:
@@ -117,7 +117,7 @@ def estimate(
         err.print(f"{sglang_jsonl}: draft logprobs for {logprobs.num_rows} censored steps")
     fit = None
     if fit_in is not None:
-        from dspark_obs.estimators.ceiling_fit import CeilingFit
+        from dspark_obs.estimators.ceiling.fit import CeilingFit
 
         try:
             fit = CeilingFit.load(fit_in)

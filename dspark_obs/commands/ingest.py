@@ -97,7 +97,7 @@ def ingest(
             _fail(f"run {run_id!r} already exists in {out}; pick another --run-id or pass --replace")
         if not isinstance(store, Store):
             _fail("--replace works on a local store only; pick another --run-id")
-        for table in schema.TABLES:
+        for table in schema.STORE_TABLES:
             store.drop_run(table, run_id)
 
     store.upsert_run(run_id, started_at=now(), source="import",
@@ -127,7 +127,7 @@ def ingest(
     if not total_rows:  # an empty or all-bad input is an error, not an empty run that looks fine
         total_dead = sum(r.dead_letters for r in results)
         if not total_dead and isinstance(store, Store):
-            for table in schema.TABLES:
+            for table in schema.STORE_TABLES:
                 store.drop_run(table, run_id)
             _fail(f"nothing to import: the files hold no lines; no run {run_id!r} was created", code=1)
         run_fields["end_reason"] = f"error: nothing usable imported ({total_dead} lines dead-lettered)"

@@ -51,7 +51,7 @@ def _load_sts(path: Optional[Path], flag: str) -> Optional[list[float]]:
 
 
 def _load_recalibration(path: Optional[Path]):
-    from dspark_obs.estimators.recalibration import load_survival_map
+    from dspark_obs.estimators.calibration.recalibration import load_survival_map
 
     if path is None:
         return None

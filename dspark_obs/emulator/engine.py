@@ -151,7 +151,7 @@ def detokenize(ids: list[int]) -> str:
     return "".join(f" w{t}" for t in ids if t != model.EOS_TOKEN_ID)
 
 
-def _bump(hist: list[int], i: int) -> None:
+def bump_histogram(hist: list[int], i: int) -> None:
     if len(hist) <= i:
         hist.extend([0] * (i + 1 - len(hist)))
     hist[i] += 1
@@ -217,7 +217,7 @@ def _round6(values: np.ndarray) -> list[float]:
     return out
 
 
-class _Rank:
+class Rank:
     """One DP rank: its own queue, batch, forward counter, clock and dumper."""
 
     def __init__(self, engine: "Engine", index: int) -> None:
@@ -266,7 +266,7 @@ class _Rank:
             r.output.append(int(r.track.realised(np.array([0]))[0]))
             r.first_token_clock = self.clock
             if len(r.output) >= r.end:
-                self.engine._finish(self, r)
+                self.engine.finish_request(self, r)
             else:
                 self.running.append(r)
         return True
@@ -310,7 +310,7 @@ class _Rank:
         if not self.engine.cfg.speculative:
             for removed, (i, r) in enumerate(decode_without_speculation(self)):
                 del self.running[i - removed]
-                self.engine._finish(self, r)
+                self.engine.finish_request(self, r)
             return True
         eng, cfg = self.engine, self.engine.cfg
         gamma, batch = cfg.gamma, self.running
@@ -433,7 +433,7 @@ class _Rank:
         # not dataclass equality, which compares every field), one at a time as before.
         for removed, (i, r) in enumerate(finished):
             del self.running[i - removed]
-            eng._finish(self, r)
+            eng.finish_request(self, r)
             if self.estimator is not None:
                 self.estimator.note_request_finished(r.req.rid, natural_stop=r.finish_reason["type"] == "stop")
         if cfg.real_time > 0:
@@ -458,7 +458,7 @@ class Engine:
     def __init__(self, cfg: EngineConfig) -> None:
         self.cfg = cfg
         self.capture_tiers = default_capture_tiers(cfg.max_running_requests * (cfg.gamma + 1))
-        self.ranks = [_Rank(self, i) for i in range(cfg.dp_size)]
+        self.ranks = [Rank(self, i) for i in range(cfg.dp_size)]
         self.lock = threading.RLock()
         self._wake = threading.Condition(self.lock)
         self._thread: Optional[threading.Thread] = None
@@ -519,14 +519,14 @@ class Engine:
             self._lockstep_finished_base = self.requests_finished
             self._wake.notify_all()
 
-    def _finish(self, rank: _Rank, r: _Running) -> None:
+    def finish_request(self, rank: Rank, r: _Running) -> None:
         if self.cfg.lockstep_concurrency and not self._in_flight_before_finish:
             self._in_flight_before_finish = sum(len(x.waiting) + len(x.running) for x in self.ranks) + 1
         rank.free_slots.append(r.pool_index)
         self.requests_finished += 1
         r.future.set_result(self._result(rank, r))
 
-    def _result(self, rank: _Rank, r: _Running) -> dict[str, Any]:
+    def _result(self, rank: Rank, r: _Running) -> dict[str, Any]:
         out = r.output[: r.end]
         completion = len(out)
         meta: dict[str, Any] = {

@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from dspark_obs import schema
+from dspark_obs.schema import COMPANION_PAIRING
 
 STATUSES = ("identical", "diverged", "unverified", "failed", "no_inputs")
 PAIRABLE = ("identical", "unverified")
@@ -35,51 +36,6 @@ PAIRABLE = ("identical", "unverified")
 
 _f = schema.field  # a documented column
 
-
-COMPANION_PAIRING = pa.schema([
-    _f("of_run", pa.string(), "the run the companion replays (runs.companion_of)", False),
-    _f("rid", pa.string(), "request id in that run", False),
-    _f("companion_rid", pa.string(), "rid of its replay in the companion run; null when not replayed"),
-    _f("status", pa.string(), "identical | diverged | unverified (no original tokens to compare) | failed "
-                              "(the replay did not finish) | no_inputs (prompt unknown: not replayed)", False),
-    _f("identical", pa.bool_(), "the replay committed the same tokens; null when unknown"),
-    _f("output_tokens", pa.int32(), "committed tokens of the original, when known"),
-    _f("companion_output_tokens", pa.int32(), "committed tokens of the replay"),
-    _f("first_divergence", pa.int32(), "first output position whose token differs (diverged only)"),
-    _f("steps", pa.int64(), "the original's request-steps", False),
-    _f("anchor_steps", pa.int64(), "of them with a companion step at the same anchor (prefix_len)", False),
-    _f("paired_steps", pa.int64(), "of them paired: same anchor and same drafts (0 unless identical/unverified)",
-       False),
-    _f("input_kind", pa.string(), "input_ids | text: how the prompt was replayed"),
-    _f("input_source", pa.string(), "requests (stored by the collector) | request-log | prompts"),
-])
-
-COMPANION_PAIRING_SUMMARY = pa.schema([
-    _f("of_run", pa.string(), "the run the companion replays", False),
-    _f("run_requests", pa.int32(), "requests the original run knows (requests rows and step rids)"),
-    _f("no_inputs", pa.int32(), "of them without a known prompt (not replayed)"),
-    _f("selected", pa.int32(), "requests chosen for the replay (all with inputs, or --sample/--fraction)"),
-    _f("replayed", pa.int32(), "selected requests whose replay finished"),
-    _f("failed", pa.int32(), "selected requests whose replay did not finish"),
-    _f("identical", pa.int32(), "replays that committed the original's tokens"),
-    _f("diverged", pa.int32(), "replays that committed other tokens (excluded from pairing)"),
-    _f("unverified", pa.int32(), "replays without original tokens to compare (paired, unverified)"),
-    _f("steps", pa.int64(), "the original's request-steps of the selected requests"),
-    _f("pairable_steps", pa.int64(), "steps of identical or unverified requests"),
-    _f("paired_steps", pa.int64(), "of them paired with a companion step (same anchor, same drafts)"),
-    _f("pairing_share", pa.float64(), "paired_steps / pairable_steps (1 = complete pairing)"),
-    _f("excluded_steps", pa.int64(), "steps of diverged or failed requests"),
-    _f("sampling_without_seed", pa.int32(), "replayed requests with temperature > 0 and no sampling_seed "
-                                            "(their tokens may differ by chance)"),
-    _f("concurrency", pa.int32(), "requests in flight during the replay"),
-    _f("concurrency_source", pa.string(), "--concurrency | requests.concurrency | runs.labels | steps "
-                                          "(median running requests)"),
-    _f("sample", pa.string(), "all, or 'N of M (seed S)'"),
-    _f("rid_suffix", pa.string(), "appended to each rid for its replay ('' = rids unchanged)"),
-])
-
-schema.register("companion_pairing", COMPANION_PAIRING)
-schema.register("companion_pairing_summary", COMPANION_PAIRING_SUMMARY)
 
 _PAIRED_TEMPLATE = """
 SELECT

@@ -2,13 +2,13 @@
 
 A resample draws requests with replacement; its metrics are those of the
 request-steps it drew (steps of one request are not independent, so requests
-are the unit, as in :func:`dspark_obs.estimators.calibration_metrics.bootstrap_calibration_error`).
+are the unit, as in :func:`dspark_obs.estimators.calibration.metrics.bootstrap_calibration_error`).
 Each resample is a row of Poisson(1) weights over requests: the per-request
 sums (per bin, per score) are computed once, and every metric of every
 resample is a matrix product with them.
 
 The binning, the 1e-8 clamp and the formulas are those of
-:mod:`dspark_obs.estimators.calibration_metrics` (SGLang's equal-width rule ``floor(p * n_bins)``,
+:mod:`dspark_obs.estimators.calibration.metrics` (SGLang's equal-width rule ``floor(p * n_bins)``,
 quantile edges from the full sample, the folded-normal debiasing of Kumar et al.);
 with all weights 1 the results equal its ``expected_calibration_error``,
 ``debiased_calibration_error``, ``brier_score_loss`` and ``auroc_score``
@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import numpy as np
 from scipy import sparse
-from scipy.special import ndtr
 
-from dspark_obs.estimators.calibration_metrics import EPS_PROB, parse_binning
+from dspark_obs.estimators.stats import group_weights
+from dspark_obs.estimators.calibration.metrics import (EPS_PROB, bin_edges, bin_ids, debiased_terms, ece_from_sums,
+                                                       parse_binning)
 
 __all__ = ["METRICS", "Prepared", "calibration_replicates", "resampled_metrics"]
 
@@ -35,28 +36,14 @@ _CELLS_PER_CHUNK = 4_000_000
 """Bound on resamples x max(levels, requests) held at once (about 32 MB of float64 per array)."""
 
 
-def _bin_ids(p: np.ndarray, n_bins: int, strategy: str) -> np.ndarray:
-    if strategy == "uniform":
-        return np.clip((p * n_bins).astype(np.int64), 0, n_bins - 1)
-    edges = np.quantile(p, np.linspace(0.0, 1.0, n_bins + 1))
-    return np.searchsorted(edges[1:-1], p)
-
-
 def _per_group(values: np.ndarray, g: np.ndarray, ids: np.ndarray, n_groups: int, n_bins: int) -> np.ndarray:
     cell = g * n_bins + ids
     return np.bincount(cell, weights=values, minlength=n_groups * n_bins).reshape(n_groups, n_bins)
 
 
 def _debiased(count: np.ndarray, psum: np.ndarray, ysum: np.ndarray) -> np.ndarray:
-    total = count.sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        rate = np.where(count > 0, ysum / count, 0.0)
-        gap = np.where(count > 0, np.abs(psum / count - rate), 0.0)
-        sd = np.where(count > 0, np.sqrt(np.clip(rate * (1.0 - rate), 0.0, None) / count), 0.0)
-        z = np.where(sd > 0, gap / sd, np.inf)
-        folded = np.where(sd > 0, sd * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * z * z) + gap * (1.0 - 2.0 * ndtr(-z)),
-                          gap)
-        return np.sum(np.where(count > 0, count * (2.0 * gap - folded), 0.0), axis=1) / total
+        return np.sum(debiased_terms(count, psum, ysum), axis=1) / count.sum(axis=1)
 
 
 class Prepared:
@@ -80,7 +67,7 @@ class Prepared:
         self.n_groups = n_groups
         n_bins, strategy = parse_binning(binning)
         p = np.clip(p_raw, EPS_PROB, 1.0 - EPS_PROB)
-        ids = _bin_ids(p, n_bins, strategy) if y.size else np.zeros(0, np.int64)
+        ids = bin_ids(p, bin_edges(p, n_bins, strategy), strategy) if y.size else np.zeros(0, np.int64)
         self.count = _per_group(np.ones_like(p), g, ids, n_groups, n_bins)
         self.psum = _per_group(p, g, ids, n_groups, n_bins)
         self.ysum = _per_group(y, g, ids, n_groups, n_bins)
@@ -104,7 +91,7 @@ class Prepared:
         count, psum, ysum = w @ self.count, w @ self.psum, w @ self.ysum
         n = w @ self.n_g
         with np.errstate(divide="ignore", invalid="ignore"):
-            return {"ece": np.abs(psum - ysum).sum(axis=1) / count.sum(axis=1),
+            return {"ece": ece_from_sums(count, psum, ysum),
                     "debiased_ece": _debiased(count, psum, ysum),
                     "brier": (w @ self.sq_g) / n,
                     "auroc": self._auroc(w),
@@ -155,12 +142,11 @@ def resampled_metrics(y_true, y_prob, groups, *, n_groups: int, n_resamples: int
                       keys: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """Every metric over ``n_resamples`` request-level resamples, drawn in chunks.
 
-    The weights are those of :func:`dspark_obs.report.stats.group_weights` with
+    The weights are those of :func:`dspark_obs.estimators.stats.group_weights` with
     ``seed`` and the groups' ``keys`` (drawn chunk by chunk: a resample's row
     does not depend on the chunk), so memory stays bounded for runs with
     hundreds of thousands of steps.
     """
-    from dspark_obs.report.stats import group_weights
 
     prepared = Prepared(y_true, y_prob, groups, n_groups=n_groups, binning=binning, auroc_levels=auroc_levels)
     rows = max(1, min(n_resamples, _CELLS_PER_CHUNK // max(prepared.n_levels, n_groups, 1)))

@@ -3,7 +3,7 @@
 Values come from the ``calibration`` table (``dspark-obs calibrate``) for the
 run's best label kind (companion > reconstructed > observed, or the kind the
 thresholds name).  Intervals and drift come from the run's events
-(:func:`dspark_obs.estimators.calibration_events.load_events`):
+(:func:`dspark_obs.estimators.calibration.events.load_events`):
 
 * ECE, debiased ECE, Brier, AUROC: the value +- 1.96 request-bootstrap standard
   errors; drift is the bootstrap of the difference (the run and the baseline
@@ -26,8 +26,8 @@ import pandas as pd
 
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import calibration as cal
-from dspark_obs.estimators import calibration_metrics as cal_metrics
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators.calibration import metrics as cal_metrics
+from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.report.bootstrap import calibration_replicates, resampled_metrics
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Drift, Figure
@@ -101,7 +101,7 @@ class _Cell:
         self.mask = np.ones(len(ev.unit), bool) if workload == "*" else ev.workload == workload
         units, self.g = np.unique(ev.unit[self.mask], return_inverse=True)
         self.n_groups = int(self.g.max()) + 1 if self.g.size else 0
-        self.keys = resampling.unit_keys(units.tolist())  # a request's weights follow its id, as in calibrate
+        self.keys = bootstrap.unit_keys(units.tolist())  # a request's weights follow its id, as in calibrate
         self.n_boot, self.seed = n_boot, seed  # every position resamples the same requests
         self.ones = np.ones((1, self.n_groups))
         self.ev = ev
@@ -134,7 +134,7 @@ def _normal_interval(value: float | None, replicates: np.ndarray, metric: str
     """
     if value is None:
         return None, None
-    lo, hi = cal_metrics._interval(value, np.asarray(replicates, dtype=np.float64), 0.95,
+    lo, hi = cal_metrics.normal_interval(value, np.asarray(replicates, dtype=np.float64), 0.95,
                                    lower=None if metric == "debiased_ece" else 0.0)
     return (None, None) if np.isnan(lo) else (lo, hi)
 

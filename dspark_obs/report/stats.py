@@ -15,7 +15,7 @@ import math
 import numpy as np
 from scipy import stats as _st
 
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators.stats import group_weights  # the estimators' bootstrap weights, one home
 
 __all__ = ["Z95", "two_sided_p", "se_from_ci", "wilson_interval", "poisson_interval", "clustered_mean",
            "difference_ztest", "welch_ttest", "poisson_rate_test", "bootstrap_pvalue", "percentile_interval",
@@ -177,17 +177,3 @@ def benjamini_hochberg(p_values) -> list[float]:
     out = np.empty(m)
     out[order] = np.minimum(q, 1.0)
     return out.tolist()
-
-
-def group_weights(n_groups: int, n_resamples: int, seed: int, keys: np.ndarray | None = None,
-                  start: int = 0) -> np.ndarray:
-    """``[n_resamples, n_groups]``: each group's (request's) weight in each bootstrap resample.
-
-    The estimators' Poisson bootstrap (:mod:`dspark_obs.estimators.resampling`):
-    a weight is a function of the seed, the resample and the group's key
-    (``keys``, default the group's index), so the report resamples requests as
-    ``calibrate`` does.
-    """
-    if keys is None:
-        keys = resampling.unit_keys(range(n_groups))
-    return resampling.poisson_weights(keys, n_resamples, seed, start=start)

@@ -36,7 +36,7 @@ class StsSection:
 
 def _served_temperatures(run: RunInfo) -> tuple[list[float] | None, str | None]:
     """The STS temperatures the server ran with (None: none), or an error note."""
-    from dspark_obs.estimators.sts import StsCalibration
+    from dspark_obs.estimators.calibration.sts import StsCalibration
 
     path = run.server_info.get("speculative_dspark_confidence_sts_path")
     if not path:
@@ -50,7 +50,8 @@ def _served_temperatures(run: RunInfo) -> tuple[list[float] | None, str | None]:
 
 
 def sts_section(con, runs: list[RunInfo], labels: dict[str, str]) -> StsSection:
-    from dspark_obs.estimators import replay, sts
+    from dspark_obs.estimators import replay
+    from dspark_obs.estimators.calibration import sts
 
     out = StsSection()
     frames = []

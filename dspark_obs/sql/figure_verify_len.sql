@@ -14,12 +14,7 @@ WITH s AS (
     SELECT
         w.run_id, w.workload, w.verify_len, w.acc_len,
         coalesce(r.gamma, len(w.draft_tokens)) AS gamma,
-        CASE
-            WHEN w.emu_block_accept IS NOT NULL THEN w.emu_block_accept
-            WHEN r.mode = 'cap-accept' THEN w.correct_drafts + w.cap_trim
-            WHEN r.mode = 'static' THEN w.correct_drafts
-            WHEN w.correct_drafts < w."window" THEN w.correct_drafts
-        END AS block_accept
+        known_block_accept(r.mode, w.emu_block_accept, w.correct_drafts, w.cap_trim, w."window") AS block_accept
     FROM step_reqs_w AS w
     LEFT JOIN runs AS r ON r.run_id = w.run_id
     WHERE $run_id IS NULL OR w.run_id = $run_id

@@ -36,7 +36,8 @@ def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int
     from dspark_obs import sql
     from dspark_obs.emulator.engine import EngineConfig
     from dspark_obs.emulator.server import BackgroundServer
-    from dspark_obs.estimators import calibration, ceiling, costmodel, recalibration
+    from dspark_obs.estimators import calibration, ceiling, costmodel
+    from dspark_obs.estimators.calibration import recalibration
     from dspark_obs.store import Store
 
     root = Path(root)
@@ -81,7 +82,7 @@ def _store_sts(store, con, run_id: str) -> None:
     """An STS fit on the companion labels, stored as `dspark-obs ingest --sts` would store its file."""
     import datetime as dt
 
-    from dspark_obs.estimators import sts
+    from dspark_obs.estimators.calibration import sts
 
     fit = sts.fit_sts_run(con, run_id, labels="companion", dataset=f"dspark-obs:{run_id}:labels=companion")
     cal = fit.to_sglang()

@@ -12,7 +12,6 @@ from the logged confidences.
 from __future__ import annotations
 
 import msgspec
-import numpy as np
 import pytest
 import torch
 from sglang.kernels.ops.speculative.dspark import dspark_schedule as sg_schedule

@@ -14,7 +14,7 @@ import torch
 from sglang.benchmark import dspark_sts_fit as sg_fit
 from sglang.srt.speculative.dspark_components.dspark_sts import load_sts_calibration_from_path
 
-from dspark_obs.estimators.sts import fit_sts
+from dspark_obs.estimators.calibration.sts import fit_sts
 
 
 def _dataset(seed: int, n: int = 4000, gamma: int = 6, true_t: float = 1.7):

@@ -36,7 +36,7 @@ from collectors.sglang.session import CollectOptions, Collector
 from dspark_obs import health, sql
 from dspark_obs.emulator.engine import EngineConfig
 from dspark_obs.estimators.ceiling import estimate_run
-from dspark_obs.estimators.ceiling_fit import CeilingFit
+from dspark_obs.estimators.ceiling.fit import CeilingFit
 from dspark_obs.emulator.server import BackgroundServer
 from dspark_obs.store import Store
 from tests.prometheus.conftest import ROOT, Prometheus

@@ -104,7 +104,7 @@ class _Block:
         self.block_accept = np.zeros(bs, dtype=np.int64)
 
 
-class _RealRank(base._Rank):
+class _RealRank(base.Rank):
     """One rank over the real model: the stochastic rank's queues and dumper, real forwards."""
 
     def __init__(self, engine: "RealModelEngine", index: int) -> None:
@@ -153,7 +153,7 @@ class _RealRank(base._Rank):
         self._tick()
         for r in admitted:
             if self._finished(r):
-                eng._finish(self, r)
+                eng.finish_request(self, r)
             else:
                 self.running.append(r)
         return True
@@ -292,10 +292,10 @@ class _RealRank(base._Rank):
             reqs.append(detail)
             r.verify_ct += 1
             r.correct_drafts += c
-            base._bump(r.correct_hist, c)
+            base.bump_histogram(r.correct_hist, c)
             if sent:
                 r.cap_tokens += w + 1
-                base._bump(r.cap_hist, w + 1)
+                base.bump_histogram(r.cap_hist, w + 1)
             if cap_accept:
                 r.block_accept_tokens += c + 1 + int(cap_trim[i])
             r.output.extend(committed)
@@ -315,7 +315,7 @@ class _RealRank(base._Rank):
         for removed, (i, r) in enumerate(finished):
             del self.running[i - removed]
             r.caches = None
-            eng._finish(self, r)
+            eng.finish_request(self, r)
         return True
 
 

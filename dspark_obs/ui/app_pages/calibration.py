@@ -26,7 +26,7 @@ _METRICS = ("ece", "debiased_ece", "brier", "auroc")
 @st.cache_data(show_spinner="Fitting STS temperatures ...", max_entries=32)
 def _fit_sts(root: str, version: str, run: str, labels: str, current: tuple | None) -> dict:
     """Fit STS on the run (cached per store version); plain data for the page."""
-    from dspark_obs.estimators import sts
+    from dspark_obs.estimators.calibration import sts
 
     con, lock = ds.connection()
     with lock:
@@ -152,7 +152,7 @@ with widgets.guard("Sequential Temperature Scaling"):
                                      help="Recorded confidences are after the server's STS; the fit needs those "
                                           "temperatures to recover the raw logits.")
         if upload is not None:
-            from dspark_obs.estimators.sts import StsCalibration
+            from dspark_obs.estimators.calibration.sts import StsCalibration
 
             current = tuple(StsCalibration.from_json(upload.getvalue()).temperatures)
         if served and current is None:

@@ -86,7 +86,6 @@ with widgets.guard("SQL console"):
                            key="sql_csv", icon=":material/download:", on_click="ignore")
 
 with st.expander("Views and columns"):
-    schema.load_result_schemas()
     for table, sch in schema.TABLES.items():
         st.markdown(f"**{table}**: " + ", ".join(f"`{n}`" for n in [*sch.names, "run_id"]))
     st.markdown("**step_reqs_w**: step_reqs + `workload`, `temperature`, `window`")

@@ -26,9 +26,11 @@ from dataclasses import dataclass, replace
 
 import msgspec
 import numpy as np
+from scipy.optimize import minimize_scalar
 
-from dspark_obs.estimators.calibration_events import load_events
-from dspark_obs.estimators.calibration_metrics import EPS_PROB, _binned, _check_binning, _ece
+from dspark_obs import sql as sqlmod
+from dspark_obs.estimators.calibration.events import load_events
+from dspark_obs.estimators.calibration.metrics import EPS_PROB, binned, check_binning, ece_of
 
 __all__ = ["SGLANG_GRID", "StsCalibration", "StsFit", "raw_logits", "fit_sts", "fit_sts_run"]
 
@@ -183,22 +185,8 @@ def fit_sts(logits, y_true, *, n_bins: int = 15, grid=None, refine: bool = True)
     >>> bool(1.6 < fit.temperatures[0] < 2.5), fit.ece_after[0] < fit.ece_before[0]
     (True, True)
     """
-    z = np.asarray(logits, dtype=np.float64)
-    y = np.asarray(y_true, dtype=np.float64)
-    if z.ndim != 2 or y.shape != z.shape:
-        raise ValueError(f"logits and y_true must both have shape (n, gamma); got {z.shape} and {y.shape}")
-    if z.shape[0] == 0:
-        raise ValueError("fit_sts needs at least one sample (got an empty array)")
+    z, y, temps = _checked_fit_inputs(logits, y_true, n_bins, grid)
     known = ~np.isnan(y)
-    if np.any(~np.isfinite(z) & known):
-        raise ValueError("logits have non-finite values where a label is known")
-    if np.any((y[known] < 0) | (y[known] > 1)):
-        raise ValueError(f"y_true has values outside [0, 1]: min {np.nanmin(y):g}, max {np.nanmax(y):g}")
-    _check_binning(n_bins, "uniform")
-    temps = SGLANG_GRID if grid is None else np.asarray(grid, dtype=np.float64)
-    if temps.ndim != 1 or temps.size == 0 or not np.all(temps > 0):
-        raise ValueError(f"grid must be a non-empty 1-D array of positive temperatures, got {temps!r}")
-
     n, gamma = z.shape
     surv_one, surv_fit = np.ones(n), np.ones(n)
     out = {"t": [], "grid_t": [], "before": [], "after": [], "n": []}
@@ -210,7 +198,7 @@ def fit_sts(logits, y_true, *, n_bins: int = 15, grid=None, refine: bool = True)
         if not m.any():  # no labels here: keep T = 1 (SGLang would fail on an empty position)
             before, t_best, ece_best, t_grid = math.nan, 1.0, math.nan, 1.0
         else:
-            before = _ece(_binned(yk, surv_one[m], n_bins, "uniform"))
+            before = ece_of(binned(yk, surv_one[m], n_bins, "uniform"))
             eces = _grid_ece(surv_fit[m], zk[m], yk, temps, n_bins)
             i = int(np.argmin(eces))  # the first minimum, as SGLang's strict '<' keeps
             t_grid = t_best = float(temps[i])
@@ -224,9 +212,27 @@ def fit_sts(logits, y_true, *, n_bins: int = 15, grid=None, refine: bool = True)
     return StsFit(out["t"], out["grid_t"], out["before"], out["after"], n, out["n"])
 
 
-def _refine(prev, z, y, temps, i, n_bins, t_grid, ece_grid) -> tuple[float, float]:
-    from scipy.optimize import minimize_scalar
+def _checked_fit_inputs(logits, y_true, n_bins, grid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(logits, labels, temperature grid)`` as float arrays, refused with the bad value when unusable."""
+    z = np.asarray(logits, dtype=np.float64)
+    y = np.asarray(y_true, dtype=np.float64)
+    if z.ndim != 2 or y.shape != z.shape:
+        raise ValueError(f"logits and y_true must both have shape (n, gamma); got {z.shape} and {y.shape}")
+    if z.shape[0] == 0:
+        raise ValueError("fit_sts needs at least one sample (got an empty array)")
+    known = ~np.isnan(y)
+    if np.any(~np.isfinite(z) & known):
+        raise ValueError("logits have non-finite values where a label is known")
+    if np.any((y[known] < 0) | (y[known] > 1)):
+        raise ValueError(f"y_true has values outside [0, 1]: min {np.nanmin(y):g}, max {np.nanmax(y):g}")
+    check_binning(n_bins, "uniform")
+    temps = SGLANG_GRID if grid is None else np.asarray(grid, dtype=np.float64)
+    if temps.ndim != 1 or temps.size == 0 or not np.all(temps > 0):
+        raise ValueError(f"grid must be a non-empty 1-D array of positive temperatures, got {temps!r}")
+    return z, y, temps
 
+
+def _refine(prev, z, y, temps, i, n_bins, t_grid, ece_grid) -> tuple[float, float]:
     lo, hi = math.log(temps[max(i - 1, 0)]), math.log(temps[min(i + 1, temps.size - 1)])
     res = minimize_scalar(lambda u: _grid_ece(prev, z, y, np.array([math.exp(u)]), n_bins)[0],
                           bounds=(lo, hi), method="bounded", options={"xatol": 1e-4})
@@ -237,7 +243,7 @@ def _refine(prev, z, y, temps, i, n_bins, t_grid, ece_grid) -> tuple[float, floa
 
 def fit_sts_run(con_or_store, run_id: str, *, labels: str = "observed", companion: str | None = None,
                 current_temperatures=None, n_bins: int = 15, refine: bool = True, dataset: str | None = None) -> StsFit:
-    """Fit STS on one run's records (labels as in :func:`~dspark_obs.estimators.calibration_events.load_events`).
+    """Fit STS on one run's records (labels as in :func:`~dspark_obs.estimators.calibration.events.load_events`).
 
     ``current_temperatures`` are the STS temperatures the server ran with (None:
     none); they turn the recorded confidences back into raw logits.  Use labels
@@ -245,9 +251,7 @@ def fit_sts_run(con_or_store, run_id: str, *, labels: str = "observed", companio
     ``companion`` or ``reconstructed`` — a compact run's ``observed`` labels drop
     the censored tails and bias the fit.
     """
-    from dspark_obs.estimators.calibration import _connect
-
-    con, _ = _connect(con_or_store)
+    con, _ = sqlmod.connection_and_store(con_or_store)
     ev = load_events(con, run_id, labels=labels, companion=companion)
     current = None if current_temperatures is None else _check_temperatures(
         current_temperatures, ev.gamma, "current temperatures")
@@ -256,7 +260,7 @@ def fit_sts_run(con_or_store, run_id: str, *, labels: str = "observed", companio
     reported = []
     for k in range(ev.gamma):
         m = ~np.isnan(ev.y[:, k]) & ~np.isnan(ev.survival[:, k])
-        reported.append(_ece(_binned(ev.y[m, k], np.clip(ev.survival[m, k], 0, 1), n_bins, "uniform"))
+        reported.append(ece_of(binned(ev.y[m, k], np.clip(ev.survival[m, k], 0, 1), n_bins, "uniform"))
                         if m.any() else math.nan)
     return replace(fit, ece_reported=reported, labels=labels,
                    dataset=dataset or f"dspark-obs:{run_id}:labels={labels}:source={ev.label_source}")

@@ -1,8 +1,8 @@
 """The ceiling estimator on Ray: one task per shard of requests, the driver merges and commits.
 
-Each task runs :func:`ceiling_io.estimate_chunks` — the local path's per-chunk
+Each task runs :func:`~dspark_obs.estimators.ceiling.io.estimate_chunks` — the local path's per-chunk
 function — over its shard, writes its ``ceiling`` rows as staged part files
-(invisible to readers) and returns a :class:`ceiling_partial.RunPartial`.  The
+(invisible to readers) and returns a :class:`~dspark_obs.estimators.ceiling.partial.RunPartial`.  The
 driver merges the partials (the summary's bootstrap included: weights are drawn
 per request) and, only when every task succeeded, replaces the run's results
 and commits the staged files.
@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import secrets
 
-from dspark_obs.estimators import ceiling_io
-from dspark_obs.estimators.ceiling_chunks import plan_chunks, shard_requests
-from dspark_obs.estimators.ceiling_partial import merge_partials
+import pyarrow as pa
+
+from dspark_obs import sql as sqlmod
+from dspark_obs.estimators.ceiling import io as ceiling_io
+from dspark_obs.estimators.ceiling.partial import merge_partials
+from dspark_obs.estimators.chunks import plan_chunks, shard_requests
 
 __all__ = ["run", "estimate_shard"]
 
@@ -23,8 +26,6 @@ def estimate_shard(root: str, plan: "ceiling_io.RunPlan", chunks: list, *, n_boo
                    batch: str | None):
     """One task: estimate ``chunks`` of the run read from ``root``; stage the rows under ``batch``
     (None: return them)."""
-    from dspark_obs import sql as sqlmod
-
     con, store = sqlmod.connection_and_store(root)
     tables = []
     sink = tables.append if batch is None else (lambda t: store.stage("ceiling", plan.run_id, t, batch))
@@ -34,9 +35,7 @@ def estimate_shard(root: str, plan: "ceiling_io.RunPlan", chunks: list, *, n_boo
 
 def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstrap: int, seed: int, write: bool,
         progress=None):
-    """:func:`ceiling_io.run_estimate` with the chunks on ``engine``."""
-    import pyarrow as pa
-
+    """:func:`~dspark_obs.estimators.ceiling.io.run_local` with the chunks on ``engine``."""
     engine.start()
     shards = [s for s in shard_requests(plan.rids, plan.counts, engine.parallelism()) if s[0]]
     batch = f"ceiling-{secrets.token_hex(6)}" if write else None

@@ -1,7 +1,7 @@
 """Recalibration of the head's survival beyond temperature, judged on requests it was not fitted on.
 
 SGLang 0.5.23 can apply one kind of recalibration: Sequential Temperature
-Scaling (``c = sigmoid(raw / T_k)``, :mod:`~dspark_obs.estimators.sts`).  A
+Scaling (``c = sigmoid(raw / T_k)``, :mod:`~dspark_obs.estimators.calibration.sts`).  A
 temperature only sharpens or flattens a logit; it cannot move it, so a head
 that is biased (under-confident everywhere, as a drafter's probability of its
 own token usually is) keeps most of its error.  Per position ``k`` this module
@@ -35,13 +35,20 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from scipy.optimize import isotonic_regression, minimize
 
 from dspark_obs import schema
-from dspark_obs.estimators.calibration_events import RunEvents, load_events
-from dspark_obs.estimators.calibration_metrics import (bootstrap_calibration_error, brier_score_loss,
-                                                       expected_calibration_error)
-from dspark_obs.estimators.ceiling_chunks import rid_hash
+from dspark_obs import sql as sqlmod
+from dspark_obs.estimators.calibration.events import RunEvents, load_events
+from dspark_obs.estimators.calibration.metrics import (
+    bootstrap_calibration_error,
+    brier_score_loss,
+    expected_calibration_error,
+)
+from dspark_obs.estimators.calibration.sts import fit_sts, raw_logits
+from dspark_obs.estimators.chunks import rid_hash
+from dspark_obs.schema import RECALIBRATION
 
 __all__ = ["METHODS", "BIAS_CAPABLE", "RECALIBRATION", "FORMAT", "SurvivalMap", "request_split", "fit_map",
            "recalibrate_events", "recalibrate_run", "Recalibration", "survival_map_json", "load_survival_map",
@@ -54,21 +61,6 @@ _EPS = 1e-6
 _MIN_ROWS = 20
 
 _f = schema.field
-RECALIBRATION = pa.schema([
-    _f("workload", pa.string(), "workload, or '*' for all", False),
-    _f("position", pa.int16(), "draft position k (1..gamma): the event 'first k drafts survive'", False),
-    _f("method", pa.string(), "none | sts | platt | isotonic | beta", False),
-    _f("split", pa.string(), "held_out: scored on the requests the map was not fitted on", False),
-    _f("labels", pa.string(), "observed | reconstructed | companion: where the truth came from", False),
-    _f("n", pa.int64(), "held-out labelled steps", False),
-    _f("n_fit", pa.int64(), "labelled steps the map was fitted on (all workloads)"),
-    _f("ece", pa.float64(), "held-out ECE, 15 equal-width bins"),
-    _f("ece_ci_lo", pa.float64(), "95% interval of the ECE: ece - 1.96 request-bootstrap SE"),
-    _f("ece_ci_hi", pa.float64(), "95% interval of the ECE: ece + 1.96 request-bootstrap SE"),
-    _f("brier", pa.float64(), "held-out Brier score"),
-    _f("seed", pa.int32(), "seed of the request split and the bootstrap"),
-])
-schema.register("recalibration", RECALIBRATION)
 
 
 def request_split(rids, *, seed: int = 0) -> np.ndarray:
@@ -175,8 +167,6 @@ class Recalibration:
 def recalibrate_events(ev: RunEvents, *, seed: int = 0, n_bootstrap: int = 200,
                        current_temperatures=None) -> Recalibration:
     """Fit every method on one half of ``ev``'s requests and score it on the other (module docstring)."""
-    from dspark_obs.estimators.sts import fit_sts, raw_logits
-
     gamma = ev.gamma
     fit_half = request_split(ev.rid, seed=seed)
     surv = np.clip(np.nan_to_num(ev.survival, nan=0.5), 0.0, 1.0)
@@ -225,14 +215,10 @@ def recalibrate_run(con_or_store, run_id: str, *, labels: str = "observed", comp
                     seed: int = 0, n_bootstrap: int = 200, current_temperatures=None,
                     write: bool = True) -> Recalibration:
     """Read ``run_id``'s events (``labels`` as in :func:`load_events`), recalibrate, replace its rows."""
-    from dspark_obs.estimators.calibration import _connect
-
-    con, store = _connect(con_or_store)
+    con, store = sqlmod.connection_and_store(con_or_store)
     ev = load_events(con, run_id, labels=labels, companion=companion)
     result = recalibrate_events(ev, seed=seed, n_bootstrap=n_bootstrap, current_temperatures=current_temperatures)
     if write:
-        import pyarrow.compute as pc
-
         rows = pa.Table.from_pylist(result.rows, schema=RECALIBRATION)
         old = store.read("recalibration", run_id)
         if old.num_rows:

@@ -1,25 +1,24 @@
 """Calibration on Ray: each task sums a shard of the run's requests; the driver merges the sums.
 
 The driver keeps what needs every step at once (the sample behind AUROC and the
-bin edges, :class:`calibration_chunks.SampleEdges`); each task gets the edges and
-runs :func:`calibration_chunks.accumulate_chunks` — the local path's per-chunk
+bin edges, :class:`~dspark_obs.estimators.calibration.chunks.SampleEdges`); each task gets the edges and
+runs :func:`~dspark_obs.estimators.calibration.chunks.accumulate_chunks` — the local path's per-chunk
 function — over its shard, returning per (workload, position) sums and their
 bootstrap reweightings, which add.
 """
 
 from __future__ import annotations
 
-from dspark_obs.estimators import calibration_chunks as chunks
-from dspark_obs.estimators.ceiling_chunks import plan_chunks, shard_requests
+from dspark_obs import sql as sqlmod
+from dspark_obs.estimators.calibration import chunks
+from dspark_obs.estimators.chunks import plan_chunks, shard_requests
 
 __all__ = ["accumulate"]
 
 
 def accumulate(engine, con, plan: "chunks.RunPlan", run_id: str, *, labels: str, specs: dict,
                edges: "chunks.BinEdges", n_bootstrap: int, seed: int, progress=None, total: int = 0):
-    """:func:`calibration_chunks.accumulate_chunks` over the whole run, a Ray task per shard."""
-    from dspark_obs import sql as sqlmod
-
+    """:func:`~dspark_obs.estimators.calibration.chunks.accumulate_chunks` over the whole run, a task per shard."""
     engine.start()
     root = str(sqlmod.root_of(con))
     chunk_rows = max(c.rows for c in plan.chunks) if plan.chunks else 1
@@ -37,8 +36,6 @@ def accumulate(engine, con, plan: "chunks.RunPlan", run_id: str, *, labels: str,
 
 
 def _task(root, plan, run_id, shard_chunks, labels, specs, edges, n_bootstrap, seed, rows):
-    from dspark_obs import sql as sqlmod
-
     cells, counts = chunks.accumulate_chunks(sqlmod.connect(root), plan, run_id, shard_chunks, labels=labels,
                                              specs=specs, edges=edges, n_bootstrap=n_bootstrap, seed=seed)
     return cells, counts, rows

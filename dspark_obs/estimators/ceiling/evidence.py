@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dspark_obs.estimators.ceiling_walk import NO_TOKEN
+from dspark_obs.estimators.ceiling.walk import NO_TOKEN
 
 __all__ = ["TokenIndex", "Evidence", "token_index", "draft_evidence", "padded_lists", "check_alignment", "Aligned",
            "align_requests", "MISALIGNED_SHARE"]

@@ -2,7 +2,7 @@
 
 Every figure of :func:`~dspark_obs.estimators.calibration.summarise_events` but
 two is a sum over steps, so chunks of whole requests (rid ranges, as the ceiling
-estimator reads them: :mod:`ceiling_chunks`) add up to the run's value:
+estimator reads them: :mod:`~dspark_obs.estimators.chunks`) add up to the run's value:
 
 * counts, mean prediction and label, Brier score, log loss, and per bin the
   count and the sums of predictions and labels (hence ECE, MCE, debiased ECE and
@@ -10,7 +10,7 @@ estimator reads them: :mod:`ceiling_chunks`) add up to the run's value:
 * the request-level bootstrap of the ECE — each resample's per-bin sums are
   ``weights @ per-request sums``, accumulated chunk by chunk with the very
   Poisson weights one pass draws (drawn per request from its rid:
-  :mod:`resampling`), so chunks, and shards of requests on other machines
+  :mod:`~dspark_obs.estimators.stats`), so chunks, and shards of requests on other machines
   (``--engine ray``: :func:`accumulate_chunks` per shard, :func:`merge_cells`),
   add up to the one-pass sums.
 
@@ -27,13 +27,13 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 
-from dspark_obs.estimators import calibration as cal
-from dspark_obs.estimators import calibration_events as events
-from dspark_obs.estimators import calibration_metrics as metrics
-from dspark_obs.estimators import resampling
-from dspark_obs.estimators.ceiling_chunks import Chunk, plan_chunks, sample_requests
+from dspark_obs import schema
+from dspark_obs.estimators import stats as bootstrap
+from dspark_obs.estimators.calibration import events, metrics
+from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
 
 __all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells", "BinEdges",
            "DEFAULT_SAMPLE_ROWS"]
@@ -82,7 +82,7 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
     ceiling or companion at once would hold both in memory.  Raises as ``load_events``.
     """
     query, params, mode, gamma, source = events.events_query(con, run_id, labels=labels, companion=companion)
-    base = events._fetch(con, _BASE_SQL, {"run": run_id})
+    base = events.fetch(con, _BASE_SQL, {"run": run_id})
     rids, rows = base.column("rid").to_pylist(), base.column("n").to_numpy().astype(np.int64)
     chunks = plan_chunks(rids, rows, chunk_rows=chunk_rows)
     steps = {"step_rids": rids, "step_rows": rows}
@@ -90,13 +90,13 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
         return RunPlan(query, params, mode, gamma, source, chunks, **steps)
     if not units:  # steps with predictions stand in for labelled ones (the sample, the progress)
         return RunPlan(query, params, mode, gamma, source, chunks, 0, int(rows.sum()), rids, rows, **steps)
-    parts = [events._fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM "
+    parts = [events.fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM "
                                 f"({events.events_sql(query, chunk, ordered=False)}) "
                                 "GROUP BY ALL ORDER BY rid NULLS LAST, unit", {**params, **chunk.params})
              for chunk in chunks]
     counts = pa.concat_tables(parts)
     labelled = int(np.sum(counts.column("n").to_numpy())) if counts.num_rows else 0
-    total = events._check_labelled(con, run_id, labels, mode, source, labelled)
+    total = events.check_labelled(con, run_id, labels, mode, source, labelled)
     rid = counts.column("rid").to_pylist()
     n = counts.column("n").to_numpy().astype(np.int64)
     starts = [i for i in range(len(rid)) if i == 0 or rid[i] != rid[i - 1]]
@@ -108,8 +108,8 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
 
 
 def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk):
-    table = events._fetch(con, events.events_sql(plan.query, chunk), {**plan.params, **chunk.params})
-    return events._events(table, run_id, labels, plan.mode, plan.gamma, plan.source)
+    table = events.fetch(con, events.events_sql(plan.query, chunk), {**plan.params, **chunk.params})
+    return events.events_of(table, run_id, labels, plan.mode, plan.gamma, plan.source)
 
 
 @dataclass
@@ -142,16 +142,19 @@ class _Cell:
 
 def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binnings, n_bootstrap: int,
                         confidence_level: float, seed: int, sample_rows: int = DEFAULT_SAMPLE_ROWS,
-                        progress: Callable[[int, int], None] | None = None, engine=None) -> tuple[pa.Table, pa.Table, tuple]:
+                        progress: Callable[[int, int], None] | None = None,
+                        accumulate: Callable | None = None) -> tuple[pa.Table, pa.Table, tuple]:
     """The ``calibration`` and ``calibration_bins`` rows and the notes, a chunk of requests at a time.
 
-    ``engine`` (a :class:`dspark_obs.ray_engine.RayEngine`) accumulates shards of
-    the requests (by rid hash) as Ray tasks and merges their sums.
+    ``accumulate`` (e.g. :func:`~dspark_obs.estimators.calibration.ray.accumulate`
+    bound to an engine) sums the run's chunks elsewhere, taking the arguments of
+    :func:`accumulate_chunks` without the chunks and returning the same; default:
+    here, chunk by chunk.
     """
     specs = {name: metrics.parse_binning(name) for name in binnings}
     sample = SampleEdges.of(con, plan, run_id, labels, specs, sample_rows)
     total_rows = sum(chunk.rows for chunk in plan.chunks)
-    if engine is None:
+    if accumulate is None:
         done = [0]
 
         def advance(rows: int) -> None:
@@ -162,25 +165,22 @@ def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binning
         cells, counts = accumulate_chunks(con, plan, run_id, plan.chunks, labels=labels, specs=specs,
                                           edges=sample.edges, n_bootstrap=n_bootstrap, seed=seed, progress=advance)
     else:
-        from dspark_obs.estimators import calibration_ray
-
-        cells, counts = calibration_ray.accumulate(engine, con, plan, run_id, labels=labels, specs=specs,
-                                                   edges=sample.edges, n_bootstrap=n_bootstrap, seed=seed,
-                                                   progress=progress, total=total_rows)
-    counts["total"] = plan.total or events._check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
+        cells, counts = accumulate(con, plan, run_id, labels=labels, specs=specs, edges=sample.edges,
+                                   n_bootstrap=n_bootstrap, seed=seed, progress=progress, total=total_rows)
+    counts["total"] = plan.total or events.check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
     rows, bin_rows = [], []
     names = sorted({w for w, _ in cells} - {"*"})
     for w in ["*", *names]:
         for k in range(sample.gamma):
             cell = cells.get((w, k), _Cell())
             y, p = sample.labelled.get((w, k), (np.zeros(0), np.zeros(0)))
-            auroc = cal._none_if_nan(metrics.auroc_score(y, p)) if y.size else None
+            auroc = metrics.none_if_nan(metrics.auroc_score(y, p)) if y.size else None
             r, b = _rows(cell, auroc, w, k, labels, plan, binnings, confidence_level, n_bootstrap)
             rows += r
             bin_rows += b
-    notes = events._notes(labels, plan.mode, plan.params.get("method"), counts)
-    return (pa.Table.from_pylist(rows, schema=cal.CALIBRATION.remove_metadata()),
-            pa.Table.from_pylist(bin_rows, schema=cal.CALIBRATION_BINS.remove_metadata()), notes)
+    notes = events.notes_of(labels, plan.mode, plan.params.get("method"), counts)
+    return (pa.Table.from_pylist(rows, schema=schema.CALIBRATION.remove_metadata()),
+            pa.Table.from_pylist(bin_rows, schema=schema.CALIBRATION_BINS.remove_metadata()), notes)
 
 
 @dataclass
@@ -206,7 +206,7 @@ class SampleEdges:
 
 def _edges_of(p: np.ndarray, spec: tuple[int, str]) -> np.ndarray:
     n_bins, strategy = spec
-    return metrics._edges(np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB), n_bins, strategy)
+    return metrics.bin_edges(np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB), n_bins, strategy)
 
 
 @dataclass(frozen=True)
@@ -233,7 +233,7 @@ def accumulate_chunks(con, plan: RunPlan, run_id: str, chunks: list, *, labels: 
         for key in counts:
             counts[key] += c[key]
         units, unit = _local_units(ev.rid)   # each unit's weights are drawn once, whatever groups it is in
-        drawn = (resampling.poisson_weights(resampling.unit_keys(units), n_bootstrap, seed)
+        drawn = (bootstrap.poisson_weights(bootstrap.unit_keys(units), n_bootstrap, seed)
                  if n_bootstrap else None)
         for w, mask in _groups(ev.workload):
             rows = np.flatnonzero(mask)
@@ -278,16 +278,12 @@ def merge_cells(parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
 
 def _groups(workload: np.ndarray) -> list[tuple[str, np.ndarray]]:
     """``("*", all)`` and ``(name, mask)`` per workload."""
-    import pandas as pd
-
     codes, names = pd.factorize(np.asarray(workload, dtype=object), use_na_sentinel=False)
     return [("*", np.ones(codes.size, bool))] + [(str(n), codes == i) for i, n in enumerate(names)]
 
 
 def _local_units(units: np.ndarray) -> tuple[list, np.ndarray]:
     """Distinct units of a chunk and each row's number among them."""
-    import pandas as pd
-
     codes, uniques = pd.factorize(np.asarray(units, dtype=object), use_na_sentinel=False)
     return list(uniques), codes.astype(np.int64)
 
@@ -309,7 +305,7 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
     pc = np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB)
     cell.log_sum += float(np.sum(y * np.log(pc) + (1.0 - y) * np.log1p(-pc)))
     for name, (n_bins, strategy, edges) in binnings.items():
-        ids = metrics._bin_ids(pc, edges, strategy)
+        ids = metrics.bin_ids(pc, edges, strategy)
         sums = [np.bincount(ids, minlength=n_bins).astype(np.float64), np.bincount(ids, weights=pc, minlength=n_bins),
                 np.bincount(ids, weights=y, minlength=n_bins)]
         acc = cell.bins.setdefault(name, [np.zeros(n_bins) for _ in range(3)])
@@ -338,15 +334,15 @@ def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan,
         row = {**base, "binning": name, **common}
         if cell.n:
             count, pred_sum, true_sum = cell.bins[name]
-            b = metrics._Bins(cell.edges[name], np.zeros(0, np.int64), count, pred_sum, true_sum)
-            row.update(ece=metrics._ece(b), mce=metrics._mce(b), debiased_ece=metrics._debiased_ece(b))
+            b = metrics.Bins(cell.edges[name], np.zeros(0, np.int64), count, pred_sum, true_sum)
+            row.update(ece=metrics.ece_of(b), mce=metrics.mce_of(b), debiased_ece=metrics.debiased_ece_of(b))
             if n_boot:
                 wp, wy, wn = cell.boot[name]
                 with np.errstate(invalid="ignore", divide="ignore"):
                     samples = np.abs(wp - wy).sum(axis=1) / wn
-                lo, hi = metrics._interval(row["ece"], samples, level)
-                row.update(ece_ci_lo=cal._none_if_nan(lo), ece_ci_hi=cal._none_if_nan(hi))
-            c = metrics._curve(b)
+                lo, hi = metrics.normal_interval(row["ece"], samples, level)
+                row.update(ece_ci_lo=metrics.none_if_nan(lo), ece_ci_hi=metrics.none_if_nan(hi))
+            c = metrics.curve_of(b)
             bin_rows += [{**base, "binning": name, "bin": int(j), "bin_lo": float(lo_), "bin_hi": float(hi_),
                           "mean_predicted": float(mp), "observed_rate": float(r), "count": int(n)}
                          for j, lo_, hi_, mp, r, n in zip(c.bin, c.bin_lo, c.bin_hi, c.mean_predicted,

@@ -37,7 +37,7 @@ Where the truth comes from (``labels``):
 
 :func:`load_events` reads a run's predictions and labels as :class:`RunEvents`
 (arrays, no metrics); :func:`events_query` and :func:`events_sql` give its SQL to
-:mod:`dspark_obs.estimators.calibration_chunks`, which reads a large run a chunk
+:mod:`dspark_obs.estimators.calibration.chunks`, which reads a large run a chunk
 of whole requests at a time.
 """
 
@@ -49,6 +49,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from dspark_obs.estimators import pairing
 
 __all__ = [
     "LABEL_KINDS", "RunEvents", "CalibrationDataError", "block_events", "observed_events",
@@ -138,7 +141,7 @@ def events_sql(query: str, chunk=None, *, ordered: bool = True) -> str:
     return text + _ORDER_SQL if ordered else text
 
 
-def _fetch(con, sql_text: str, params: dict) -> pa.Table:
+def fetch(con, sql_text: str, params: dict) -> pa.Table:
     return con.sql(sql_text, params=params).to_arrow_table()  # DuckDB 2: fetch results fully
 
 
@@ -173,20 +176,20 @@ def load_events(con, run_id: str, *, labels: str = "observed", companion: str | 
     ``companion`` names the cap-accept companion (default: the run recorded with
     ``companion_of = run_id``).  Raises :class:`CalibrationDataError` with the fix
     when the run, its confidences, its companion or its ceiling estimates are missing.
-    ``chunk`` (a :class:`~dspark_obs.estimators.ceiling_chunks.Chunk`) reads only
+    ``chunk`` (a :class:`~dspark_obs.estimators.chunks.Chunk`) reads only
     some requests; a chunk without labelled steps gives empty events.
     """
     query, params, mode, gamma, source = events_query(con, run_id, labels=labels, companion=companion)
-    table = _fetch(con, events_sql(query, chunk), {**params, **({} if chunk is None else chunk.params)})
-    ev, counts = _events(table, run_id, labels, mode, gamma, source)
+    table = fetch(con, events_sql(query, chunk), {**params, **({} if chunk is None else chunk.params)})
+    ev, counts = events_of(table, run_id, labels, mode, gamma, source)
     if chunk is None:
-        counts["total"] = _check_labelled(con, run_id, labels, mode, source, table.num_rows)
-        ev = dataclasses.replace(ev, notes=_notes(labels, mode, params.get("method"), counts))
+        counts["total"] = check_labelled(con, run_id, labels, mode, source, table.num_rows)
+        ev = dataclasses.replace(ev, notes=notes_of(labels, mode, params.get("method"), counts))
     return ev
 
 
-def _notes(labels: str, mode: str, method: str | None, counts: dict) -> tuple[str, ...]:
-    """What the labels left out, from the counts of :func:`_events` summed over the run."""
+def notes_of(labels: str, mode: str, method: str | None, counts: dict) -> tuple[str, ...]:
+    """What the labels left out, from the counts of :func:`events_of` summed over the run."""
     total, rows = counts["total"], counts["rows"]
     notes = []
     if labels == "companion":
@@ -207,8 +210,6 @@ def events_query(con, run_id: str, *, labels: str = "observed",
                  companion: str | None = None) -> tuple[str, dict, str, int | None, str]:
     """``(sql, params, mode, gamma, label source)`` of a run's events, the SQL to be completed by
     :func:`events_sql`.  Raises :class:`CalibrationDataError` as :func:`load_events`."""
-    from dspark_obs.estimators import pairing
-
     if labels not in LABEL_KINDS:
         raise ValueError(f"labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
     mode, gamma = _run_info(con, run_id)
@@ -246,7 +247,7 @@ def events_query(con, run_id: str, *, labels: str = "observed",
             params, mode, gamma, source)
 
 
-def _check_labelled(con, run_id: str, labels: str, mode: str, source: str, labelled: int) -> int:
+def check_labelled(con, run_id: str, labels: str, mode: str, source: str, labelled: int) -> int:
     """The run has steps, confidences, and labelled steps (else the fix); its steps."""
     total = con.sql("SELECT count(*), count(confidence) + count(survival) FROM step_reqs WHERE run_id = $run",
                     params={"run": run_id}).fetchall()[0]
@@ -264,13 +265,11 @@ def _check_labelled(con, run_id: str, labels: str, mode: str, source: str, label
     return int(total[0])
 
 
-def _events(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int | None,
+def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int | None,
             source: str) -> tuple[RunEvents, dict]:
     """Arrays and labels of the fetched steps, and the counts behind the notes."""
     counts = {"rows": table.num_rows, "censored": 0, "fractional": 0}
     if not gamma:
-        import pyarrow.compute as pc
-
         gamma = max(pc.max(pc.list_value_length(table.column(c))).as_py() or 0 for c in ("confidence", "survival"))
     conf = _list_matrix(table.column("confidence"), gamma, "confidence")
     surv = _list_matrix(table.column("survival"), gamma, "survival")

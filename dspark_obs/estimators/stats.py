@@ -18,12 +18,13 @@ add up to the whole run's, in any order and on any number of machines.
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
 
-__all__ = ["unit_keys", "poisson_weights", "BLOCK"]
+from dspark_obs.keys import stable_keys
+
+__all__ = ["unit_keys", "poisson_weights", "group_weights", "BLOCK"]
 
 BLOCK = 64
 """Resamples drawn and reduced at a time by callers that bound their memory."""
@@ -36,13 +37,11 @@ _POISSON_THRESHOLDS = np.ceil(_POISSON_CDF * 9007199254740992.0).astype(np.uint6
 
 
 def unit_keys(units) -> np.ndarray:
-    """A stable 64-bit key per resampling unit (BLAKE2b of its text; ``None`` as the empty string).
+    """A stable 64-bit key per resampling unit (:func:`dspark_obs.keys.stable_keys`: a request's key).
 
     Units are hashed once each; pass distinct values (callers factorize first).
     """
-    return np.array([int.from_bytes(hashlib.blake2b(("" if u is None else str(u)).encode(),
-                                                    digest_size=8).digest(), "little") for u in units],
-                    dtype=np.uint64)
+    return stable_keys(units)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -67,3 +66,15 @@ def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int
                       + np.arange(start, start + n_resamples, dtype=np.uint64) * _GOLDEN + _GOLDEN)
         bits = _mix(keys[None, :] ^ stream[:, None])
     return np.searchsorted(_POISSON_THRESHOLDS, bits >> np.uint64(11), side="right").astype(np.float64)
+
+
+def group_weights(n_groups: int, n_resamples: int, seed: int, keys: np.ndarray | None = None,
+                  start: int = 0) -> np.ndarray:
+    """``[n_resamples, n_groups]``: each group's (request's) weight in each bootstrap resample.
+
+    :func:`poisson_weights` of ``keys`` (default: the groups' indices), so the
+    report resamples requests as ``calibrate`` does.
+    """
+    if keys is None:
+        keys = unit_keys(range(n_groups))
+    return poisson_weights(keys, n_resamples, seed, start=start)

@@ -3,7 +3,7 @@
 A run is estimated a chunk of whole requests at a time, on one machine or on
 many (``--engine ray``).  Whatever the split, each worker reduces its chunks to
 a :class:`RunPartial` — small sufficient statistics: per workload the summary's
-sums and their request-bootstrap reweightings (:class:`ceiling_stats.GroupSums`,
+sums and their request-bootstrap reweightings (:class:`~dspark_obs.estimators.ceiling.stats.GroupSums`,
 weights drawn per request, so they add), the validation's sums, and the
 censored steps with a truth that the equal-count bins of the validation need,
 tagged with their request's position in the run so the merge restores run
@@ -15,11 +15,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dspark_obs.estimators import ceiling_stats, resampling
-from dspark_obs.estimators.ceiling_walk import CATEGORIES
+from dspark_obs.estimators import stats as bootstrap
+from dspark_obs.estimators.ceiling import stats as ceiling_stats
+from dspark_obs.estimators.ceiling.walk import CATEGORIES
 
 __all__ = ["RunTotals", "RunPartial", "merge_partials", "rid_positions"]
 
@@ -27,8 +29,6 @@ __all__ = ["RunTotals", "RunPartial", "merge_partials", "rid_positions"]
 def rid_positions(run_rids: list):
     """A function mapping a chunk's rid dictionary to positions in the run's sorted rids
     (steps without a rid come last, as the database sorts them)."""
-    import pandas as pd
-
     named = pd.Index([r for r in run_rids if r is not None])
     last = len(run_rids)
 
@@ -52,7 +52,7 @@ class RunTotals:
         self.partial = self.partial or RunPartial()
 
     def add(self, x, part) -> None:
-        """Add one chunk's inputs ``x`` and results ``part`` (ceiling_io's ``_Inputs`` and ``_ChunkResult``)."""
+        """Add one chunk's inputs ``x`` and results ``part`` (:class:`~dspark_obs.estimators.ceiling.inputs.ChunkInputs` and io's chunk result)."""
         p, al = self.partial, x.aligned
         _, first = np.unique(al.code, return_index=True)
         for key in zip(x.sampling[first].tolist(), x.sampling_source[first].tolist()):
@@ -60,7 +60,7 @@ class RunTotals:
         code = np.where(al.code < 0, -1, al.code + self.offset)
         self.offset += al.n_requests
         where = self.positions(al.rids)
-        keys = np.append(resampling.unit_keys(al.rids.to_pylist()), resampling.unit_keys([None]))
+        keys = np.append(bootstrap.unit_keys(al.rids.to_pylist()), bootstrap.unit_keys([None]))
         p.bad += al.bad_steps
         p.checked += al.checked_steps
         names = np.asarray(al.rids.to_pylist(), dtype=object)

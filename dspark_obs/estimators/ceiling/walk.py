@@ -83,13 +83,8 @@ class Walk:
         return self.unverifiable.sum(axis=1)
 
 
-def walk_blocks(
-    drafts: np.ndarray,
-    window: np.ndarray,
-    correct: np.ndarray,
-    realised: np.ndarray,
-    natural_end: np.ndarray,
-) -> Walk:
+def walk_blocks(drafts: np.ndarray, window: np.ndarray, correct: np.ndarray, realised: np.ndarray,
+                natural_end: np.ndarray) -> Walk:
     """Walk every censored step's trimmed drafts along the committed output.
 
     Parameters

@@ -6,7 +6,7 @@ docstrings state the exact formula, binning rule and edge cases, so that each
 can be checked on its own: ``tests/test_calibration.py`` tests them against
 scikit-learn (``calibration_curve``, ``brier_score_loss``, ``log_loss``,
 ``roc_auc_score``) and against plain loops.  No I/O: reading a run's events is
-:mod:`dspark_obs.estimators.calibration_events`, writing the tables
+:mod:`dspark_obs.estimators.calibration.events`, writing the tables
 :mod:`dspark_obs.estimators.calibration` (which re-exports the public names).
 """
 
@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from scipy.special import ndtri
+from scipy.special import ndtr, ndtri
 
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators import stats as bootstrap
 
 __all__ = [
     "EPS_PROB", "BINNINGS", "ReliabilityCurve",
@@ -61,7 +61,7 @@ def _check_pair(y_true: Any, y_prob: Any) -> tuple[np.ndarray, np.ndarray]:
     return out[0], out[1]
 
 
-def _check_binning(n_bins: Any, strategy: Any) -> None:
+def check_binning(n_bins: Any, strategy: Any) -> None:
     if isinstance(n_bins, bool) or not isinstance(n_bins, (int, np.integer)) or n_bins < 1:
         raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}")
     if strategy not in _STRATEGIES:
@@ -81,7 +81,15 @@ def parse_binning(name: str) -> tuple[int, str]:
 
 
 @dataclass(frozen=True)
-class _Bins:
+class Bins:
+    """The sufficient statistics of the binned metrics: per bin, the count and the sums of ``p`` and ``y``.
+
+    ECE, MCE, debiased ECE and the reliability curve are functions of them
+    (:func:`ece_of`, ...); sums of disjoint samples add, so chunks, shards and
+    bootstrap resamples (``report``'s, a weighted sum per request) reuse the
+    same formulas (:func:`ece_from_sums`, :func:`debiased_terms`).
+    """
+
     edges: np.ndarray  # [n_bins + 1]
     ids: np.ndarray  # [n] bin of each sample
     count: np.ndarray  # [n_bins]
@@ -89,55 +97,63 @@ class _Bins:
     true_sum: np.ndarray
 
 
-def _edges(p: np.ndarray, n_bins: int, strategy: str) -> np.ndarray:
+def bin_edges(p: np.ndarray, n_bins: int, strategy: str) -> np.ndarray:
     if strategy == "quantile" and p.size:
         return np.quantile(p, np.linspace(0.0, 1.0, n_bins + 1))
     return np.linspace(0.0, 1.0, n_bins + 1)
 
 
-def _bin_ids(p: np.ndarray, edges: np.ndarray, strategy: str) -> np.ndarray:
+def bin_ids(p: np.ndarray, edges: np.ndarray, strategy: str) -> np.ndarray:
     n_bins = edges.size - 1
     if strategy == "uniform":  # SGLang: floor(p * n_bins), an edge belongs to the bin above
         return np.clip((p * n_bins).astype(np.int64), 0, n_bins - 1)
     return np.searchsorted(edges[1:-1], p)  # scikit-learn's quantile rule
 
 
-def _binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str) -> _Bins:
+def binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str) -> Bins:
     p = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
-    edges = _edges(p, n_bins, strategy)
-    ids = _bin_ids(p, edges, strategy)
-    return _Bins(edges, ids, np.bincount(ids, minlength=n_bins).astype(np.float64),
+    edges = bin_edges(p, n_bins, strategy)
+    ids = bin_ids(p, edges, strategy)
+    return Bins(edges, ids, np.bincount(ids, minlength=n_bins).astype(np.float64),
                  np.bincount(ids, weights=p, minlength=n_bins), np.bincount(ids, weights=y, minlength=n_bins))
 
 
-def _ece(b: _Bins) -> float:
+def ece_from_sums(count: np.ndarray, pred_sum: np.ndarray, true_sum: np.ndarray) -> np.ndarray:
+    """ECE from bin sums along the last axis (``[..., n_bins]``; e.g. one row per bootstrap resample)."""
+    return np.abs(pred_sum - true_sum).sum(axis=-1) / count.sum(axis=-1)
+
+
+def debiased_terms(count: np.ndarray, pred_sum: np.ndarray, true_sum: np.ndarray) -> np.ndarray:
+    """Per bin ``n_b (2 |gap_b| - E|N(gap_b, sd_b^2)|)`` (0 for an empty bin): their sum over the bins, divided
+    by the count, is the debiased ECE (the folded-normal mean is that of Kumar et al.'s resampled ECE terms)."""
+    full = count > 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rate = np.where(full, true_sum / count, 0.0)
+        gap = np.where(full, np.abs(pred_sum / count - rate), 0.0)
+        sd = np.where(full, np.sqrt(np.clip(rate * (1.0 - rate), 0.0, None) / count), 0.0)
+        z = np.where(sd > 0, gap / sd, np.inf)
+        folded = np.where(sd > 0, sd * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * z * z) + gap * (1.0 - 2.0 * ndtr(-z)),
+                          gap)
+        return np.where(full, count * (2.0 * gap - folded), 0.0)
+
+
+def ece_of(b: Bins) -> float:
     total = b.count.sum()
-    return float(np.abs(b.pred_sum - b.true_sum).sum() / total) if total else math.nan
+    return float(ece_from_sums(b.count, b.pred_sum, b.true_sum)) if total else math.nan
 
 
-def _mce(b: _Bins) -> float:
+def mce_of(b: Bins) -> float:
     full = b.count > 0
     if not full.any():
         return math.nan
     return float(np.max(np.abs(b.pred_sum[full] - b.true_sum[full]) / b.count[full]))
 
 
-def _debiased_ece(b: _Bins) -> float:
-    from scipy.special import ndtr
-
-    full = b.count > 0
+def debiased_ece_of(b: Bins) -> float:
     total = b.count.sum()
     if not total:
         return math.nan
-    n = b.count[full]
-    rate = b.true_sum[full] / n
-    gap = np.abs(b.pred_sum[full] / n - rate)
-    sd = np.sqrt(np.clip(rate * (1.0 - rate), 0.0, None) / n)
-    # E|N(gap, sd^2)| (folded normal mean) = the mean of Kumar et al.'s resampled ECE terms.
-    with np.errstate(divide="ignore", invalid="ignore"):
-        z = np.where(sd > 0, gap / sd, np.inf)
-        folded = np.where(sd > 0, sd * np.sqrt(2.0 / np.pi) * np.exp(-0.5 * z * z) + gap * (1.0 - 2.0 * ndtr(-z)), gap)
-    return float(np.sum(n * (2.0 * gap - folded)) / total)
+    return float(np.sum(debiased_terms(b.count, b.pred_sum, b.true_sum)[b.count > 0]) / total)
 
 
 # -- metrics -----------------------------------------------------------------------
@@ -168,8 +184,8 @@ def expected_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: st
     0.175
     """
     y, p = _check_pair(y_true, y_prob)
-    _check_binning(n_bins, strategy)
-    return _ece(_binned(y, p, n_bins, strategy))
+    check_binning(n_bins, strategy)
+    return ece_of(binned(y, p, n_bins, strategy))
 
 
 def maximum_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
@@ -181,8 +197,8 @@ def maximum_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str
     0.3
     """
     y, p = _check_pair(y_true, y_prob)
-    _check_binning(n_bins, strategy)
-    return _mce(_binned(y, p, n_bins, strategy))
+    check_binning(n_bins, strategy)
+    return mce_of(binned(y, p, n_bins, strategy))
 
 
 def debiased_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
@@ -202,8 +218,8 @@ def debiased_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: st
     0.175
     """
     y, p = _check_pair(y_true, y_prob)
-    _check_binning(n_bins, strategy)
-    return _debiased_ece(_binned(y, p, n_bins, strategy))
+    check_binning(n_bins, strategy)
+    return debiased_ece_of(binned(y, p, n_bins, strategy))
 
 
 def brier_score_loss(y_true, y_prob) -> float:
@@ -282,11 +298,11 @@ def reliability_curve(y_true, y_prob, *, n_bins: int = 15, strategy: str = "unif
     ([0.0, 1.0], [2, 2])
     """
     y, p = _check_pair(y_true, y_prob)
-    _check_binning(n_bins, strategy)
-    return _curve(_binned(y, p, n_bins, strategy))
+    check_binning(n_bins, strategy)
+    return curve_of(binned(y, p, n_bins, strategy))
 
 
-def _curve(b: _Bins) -> ReliabilityCurve:
+def curve_of(b: Bins) -> ReliabilityCurve:
     full = np.flatnonzero(b.count > 0)
     lo, hi = b.edges[full], b.edges[full + 1]
     n = b.count[full]
@@ -303,7 +319,7 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
     independent; resampling requests keeps that dependence.  Vectorised: the
     per-(request, bin) sums are computed once and each resample is a Poisson(1)
     reweighting of them, the weights drawn per group from ``(seed, group)``
-    (:mod:`~dspark_obs.estimators.resampling`), so a subset of the groups gets
+    (:mod:`~dspark_obs.estimators.stats`), so a subset of the groups gets
     the very weights the whole sample would.  Bin edges stay those of the full sample.
 
     The interval is normal, around the estimate, with the bootstrap standard
@@ -328,7 +344,7 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
     True
     """
     y, p = _check_pair(y_true, y_prob)
-    _check_binning(n_bins, strategy)
+    check_binning(n_bins, strategy)
     g = np.asarray(groups)
     if g.shape != y.shape:
         raise ValueError(f"groups must have the length of y_true: {g.size} != {y.size}")
@@ -339,12 +355,12 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
     if not y.size:
         return math.nan, math.nan
     uniques, gidx = np.unique(g, return_inverse=True)
-    weights = resampling.poisson_weights(resampling.unit_keys(uniques.tolist()), n_resamples, seed)
-    b = _binned(y, p, n_bins, strategy)
-    return _interval(_ece(b), _resampled_ece(weights, gidx, b, p, y), confidence_level)
+    weights = bootstrap.poisson_weights(bootstrap.unit_keys(uniques.tolist()), n_resamples, seed)
+    b = binned(y, p, n_bins, strategy)
+    return normal_interval(ece_of(b), resampled_ece(weights, gidx, b, p, y), confidence_level)
 
 
-def _resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: _Bins, p: np.ndarray, y: np.ndarray) -> np.ndarray:
+def resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: Bins, p: np.ndarray, y: np.ndarray) -> np.ndarray:
     """ECE of each resample (row of ``weights``) with the bins of ``b``."""
     n_groups, n_bins = weights.shape[1], b.count.size
     cell = gidx * n_bins + b.ids
@@ -358,7 +374,12 @@ def _resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: _Bins, p: np.ndarra
         return np.abs(weights @ psum - weights @ ysum).sum(axis=1) / total
 
 
-def _interval(value: float, samples: np.ndarray, level: float, *, lower: float | None = 0.0) -> tuple[float, float]:
+def none_if_nan(x: float) -> float | None:
+    """A figure as the tables store it: NaN (undefined, e.g. AUROC of one class) becomes null."""
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
+
+
+def normal_interval(value: float, samples: np.ndarray, level: float, *, lower: float | None = 0.0) -> tuple[float, float]:
     """``value +- z * SE`` with the resamples' standard error, clipped to [lower, 1] (see above).
 
     The one interval of every bootstrapped calibration figure (``calibrate`` and

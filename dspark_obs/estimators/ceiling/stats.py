@@ -14,8 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
 
-from dspark_obs.estimators import resampling
+from dspark_obs.estimators import stats as bootstrap
 
 __all__ = ["summarize", "summarize_totals", "summary_sums", "merge_summary_sums", "summary_rows", "GroupSums",
            "request_totals", "concat_totals", "RequestTotals", "validate",
@@ -30,8 +31,6 @@ def _groups(labels: np.ndarray) -> list[tuple[str, np.ndarray]]:
 
     Labels are hashed once (no fixed-width text copy of millions of labels).
     """
-    import pandas as pd
-
     labels = np.asarray(labels)
     codes, uniques = pd.factorize(labels.astype(object) if labels.dtype != object else labels,
                                   use_na_sentinel=False)
@@ -55,7 +54,7 @@ class GroupSums:
     """One group's sufficient statistics: plain sums and their bootstrap reweightings.
 
     ``boot_sums [B, m]`` and ``boot_den [B]`` are ``weights @ per-request sums`` with
-    the per-request Poisson weights of :mod:`resampling`, so the sums of disjoint
+    the per-request Poisson weights of :mod:`~dspark_obs.estimators.stats`, so the sums of disjoint
     sets of requests add up (:func:`merge_group_sums`) to the whole run's.
     """
 
@@ -79,8 +78,8 @@ def _groups_sums(keys: np.ndarray, groups: list, *, n_bootstrap: int, seed: int)
     """:func:`group_sums` of each ``(sums, den, columns)`` of ``groups``, whose requests are ``keys[columns]``:
     each request's weights are drawn once for all the groups it is in (a weight depends on its key only)."""
     boots = [(np.zeros((n_bootstrap, sums.shape[1])), np.zeros(n_bootstrap)) for sums, _, _ in groups]
-    for start in range(0, n_bootstrap, resampling.BLOCK):  # bounded memory: [64, r] weights at a time
-        drawn = resampling.poisson_weights(keys, min(resampling.BLOCK, n_bootstrap - start), seed, start=start)
+    for start in range(0, n_bootstrap, bootstrap.BLOCK):  # bounded memory: [64, r] weights at a time
+        drawn = bootstrap.poisson_weights(keys, min(bootstrap.BLOCK, n_bootstrap - start), seed, start=start)
         for (sums, den, cols), (boot_sums, boot_den) in zip(groups, boots):
             weights = drawn if cols.size == keys.size and (cols == np.arange(keys.size)).all() else drawn[:, cols]
             boot_sums[start:start + weights.shape[0]] = weights @ sums
@@ -113,7 +112,7 @@ class RequestTotals:
     workload: np.ndarray  # [u] object workload label
     sums: np.ndarray      # [u, 6] acc_len, mid + 1, lo + 1, hi + 1, window, censored
     steps: np.ndarray     # [u] float steps
-    key: np.ndarray       # [u] uint64 key of the request (resampling.unit_keys of its rid)
+    key: np.ndarray       # [u] uint64 key of the request (bootstrap.unit_keys of its rid)
 
 
 def request_totals(request: np.ndarray, workload: np.ndarray, *, acc_len: np.ndarray, window: np.ndarray,
@@ -165,7 +164,7 @@ def summarize(
 
     ``request`` identifies the resampling unit (a rid) of each step; the
     bootstrap reweights requests ``n_bootstrap`` times with Poisson(1) weights
-    drawn per request from ``(seed, rid)`` (:mod:`resampling`), so any split of
+    drawn per request from ``(seed, rid)`` (:mod:`~dspark_obs.estimators.stats`), so any split of
     the requests gives the same resamples.
     """
     request = np.asarray(request)
@@ -173,7 +172,7 @@ def summarize(
         return []
     uniques, codes = np.unique(request, return_inverse=True)
     totals = request_totals(codes.reshape(-1), workload, acc_len=acc_len, window=window, censored=censored,
-                            lo=lo, mid=mid, hi=hi, key=resampling.unit_keys(uniques.tolist())[codes.reshape(-1)])
+                            lo=lo, mid=mid, hi=hi, key=bootstrap.unit_keys(uniques.tolist())[codes.reshape(-1)])
     return summarize_totals(totals, n_bootstrap=n_bootstrap, seed=seed)
 
 

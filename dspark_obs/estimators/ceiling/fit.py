@@ -2,8 +2,8 @@
 
 ``dspark-obs estimate`` fits, once per run, the acceptance model, the drafter
 map (and whether it explains the verified outcomes better) and the binned
-prior behind the sampled requests' ``mid`` (:mod:`ceiling_prior`,
-:mod:`ceiling_drafter`).  ``estimate --fit-out FILE`` writes them as JSON; the
+prior behind the sampled requests' ``mid`` (:mod:`~dspark_obs.estimators.ceiling.prior`,
+:mod:`~dspark_obs.estimators.ceiling.drafter`).  ``estimate --fit-out FILE`` writes them as JSON; the
 sidecar's live ceiling (``collect --ceiling-fit FILE``) and a later
 ``estimate --fit-in FILE`` read them back, so a run of the same deployment
 (same drafter, head and STS) is estimated by the same numbers, live and
@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 import numpy as np
 
-from dspark_obs.estimators.ceiling_drafter import DrafterMap
-from dspark_obs.estimators.ceiling_prior import AcceptanceModel, BinnedPrior
+from dspark_obs.estimators.ceiling.drafter import DrafterMap
+from dspark_obs.estimators.ceiling.prior import AcceptanceModel, BinnedPrior
 
 __all__ = ["CeilingFit", "FORMAT"]
 

@@ -4,94 +4,62 @@ The event at position ``k`` (1..gamma) of a request-step is *the first k drafts
 all survive a full-block verify*; the head predicts it with its survival
 ``S_k = c_1 * ... * c_k``.  Three modules, one concept each:
 
-* :mod:`dspark_obs.estimators.calibration_events` -- the events and where their
+* :mod:`dspark_obs.estimators.calibration.events` -- the events and where their
   labels come from (``observed``, ``reconstructed``, ``companion``; and why
-  ``observed`` labels of a compact run are biased): :func:`~dspark_obs.estimators.calibration_events.load_events`.
-* :mod:`dspark_obs.estimators.calibration_metrics` -- the metrics, pure
+  ``observed`` labels of a compact run are biased): :func:`~dspark_obs.estimators.calibration.events.load_events`.
+* :mod:`dspark_obs.estimators.calibration.metrics` -- the metrics, pure
   functions in scikit-learn's style (``y_true, y_prob`` positional, options
   keyword-only; ``y_true`` may hold soft labels in [0, 1]).
-* this module -- the ``calibration`` and ``calibration_bins`` schemas, and
-  :func:`calibrate_run`, the thin layer that reads a run's events, scores them
-  per workload x position x binning and writes those tables
-  (:mod:`dspark_obs.estimators.calibration_chunks` when the run is large).
-
-The public names of the other two are re-exported here
-(``calibration.expected_calibration_error``, ``calibration.load_events``, ...).
+* this module -- :func:`calibrate_run`, the thin layer that reads a run's
+  events, scores them per workload x position x binning and writes the
+  ``calibration`` and ``calibration_bins`` tables
+  (:mod:`dspark_obs.estimators.calibration.chunks` when the run is large).
 """
 
 from __future__ import annotations
 
-import math
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dspark_obs import schema
-from dspark_obs.estimators import resampling
-from dspark_obs.estimators.calibration_events import (
-    LABEL_KINDS, CalibrationDataError, RunEvents, block_events, events_query, events_sql, load_events,
-    observed_events,
+from dspark_obs import sql as sqlmod
+from dspark_obs.estimators import stats as bootstrap
+from dspark_obs.estimators.calibration import chunks
+from dspark_obs.estimators.calibration import ray as calibration_ray
+from dspark_obs.estimators.calibration.events import (
+    RunEvents,
+    load_events,
 )
-from dspark_obs.estimators.calibration_metrics import (
-    BINNINGS, EPS_PROB, ReliabilityCurve, _binned, _curve, _debiased_ece, _ece, _interval, _mce,
-    _resampled_ece, auroc_score, bootstrap_calibration_error, brier_score_loss,
-    debiased_calibration_error, expected_calibration_error, log_loss, maximum_calibration_error, parse_binning,
-    reliability_curve,
+from dspark_obs.estimators.calibration.metrics import (
+    BINNINGS,
+    auroc_score,
+    binned,
+    brier_score_loss,
+    curve_of,
+    debiased_ece_of,
+    ece_of,
+    log_loss,
+    mce_of,
+    none_if_nan,
+    normal_interval,
+    parse_binning,
+    resampled_ece,
 )
+from dspark_obs.estimators.chunks import DEFAULT_CHUNK_ROWS
+from dspark_obs.schema import CALIBRATION, CALIBRATION_BINS
 
-__all__ = [
-    "BINNINGS", "LABEL_KINDS", "ReliabilityCurve", "RunEvents", "RunCalibration",
-    "expected_calibration_error", "maximum_calibration_error", "debiased_calibration_error",
-    "brier_score_loss", "log_loss", "auroc_score", "reliability_curve",
-    "bootstrap_calibration_error", "parse_binning", "block_events", "observed_events",
-    "CalibrationDataError", "load_events", "summarise_events", "calibrate_run",
-]
+__all__ = ["RunCalibration", "summarise_events", "calibrate_run"]
 
 _f64, _str, _i16, _i32, _i64 = pa.float64(), pa.string(), pa.int16(), pa.int32(), pa.int64()
 
 
 _fld = schema.field  # a documented column
 
-
-CALIBRATION = pa.schema([
-    _fld("workload", _str, "workload name; '*' = all workloads", False),
-    _fld("position", _i16, "draft position k (1..gamma); the event is 'first k drafts survive a full block'", False),
-    _fld("labels", _str, "observed | reconstructed | companion (where the truth came from)", False),
-    _fld("binning", _str, "width15 | width20 | mass15 (equal-width or equal-mass bins)", False),
-    _fld("mode", _str, "verify mode of the run the predictions came from"),
-    _fld("label_source", _str, "companion run id, 'ceiling', or the run itself"),
-    _fld("n", _i64, "labelled request-steps at this position", False),
-    _fld("n_requests", _i32, "distinct requests among them (the bootstrap's unit)"),
-    _fld("mean_predicted", _f64, "mean survival S_k"),
-    _fld("observed_rate", _f64, "mean label (share of steps whose first k drafts survive)"),
-    _fld("ece", _f64, "expected calibration error (lower is better)"),
-    _fld("ece_ci_lo", _f64, "request-level bootstrap CI of ece (ece +- z x bootstrap SE, clipped to [0, 1]), "
-                            "lower end; null without --bootstrap"),
-    _fld("ece_ci_hi", _f64, "request-level bootstrap CI of ece, upper end"),
-    _fld("debiased_ece", _f64, "ece minus its estimated sampling bias (Kumar et al. 2019); may be < 0"),
-    _fld("mce", _f64, "maximum calibration error over non-empty bins"),
-    _fld("brier", _f64, "Brier score (binning-independent)"),
-    _fld("log_loss", _f64, "log loss (binning-independent)"),
-    _fld("auroc", _f64, "area under the ROC curve; null when every label is the same"),
-    _fld("bootstrap", _i32, "bootstrap resamples behind the CI (0 = none)"),
-])
-
-CALIBRATION_BINS = pa.schema([
-    _fld("workload", _str, "workload name; '*' = all workloads", False),
-    _fld("position", _i16, "draft position k (1..gamma)", False),
-    _fld("labels", _str, "observed | reconstructed | companion", False),
-    _fld("binning", _str, "width15 | width20 | mass15", False),
-    _fld("bin", _i16, "bin index (only non-empty bins are stored)", False),
-    _fld("bin_lo", _f64, "lower edge of the bin"),
-    _fld("bin_hi", _f64, "upper edge of the bin"),
-    _fld("mean_predicted", _f64, "mean survival in the bin"),
-    _fld("observed_rate", _f64, "mean label in the bin"),
-    _fld("count", _i64, "request-steps in the bin", False),
-])
-
-schema.register("calibration", CALIBRATION)
-schema.register("calibration_bins", CALIBRATION_BINS)
 
 # -- the thin layer ------------------------------------------------------------------
 
@@ -107,12 +75,6 @@ class RunCalibration:
     notes: tuple[str, ...] = field(default=())
 
 
-def _connect(con_or_store):
-    from dspark_obs import sql
-
-    return sql.connection_and_store(con_or_store)
-
-
 def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binnings, weights, gidx,
                    level: float, n_boot: int) -> tuple[list[dict], list[dict]]:
     y, p = ev.y[mask, k], ev.survival[mask, k]
@@ -124,28 +86,24 @@ def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binni
               "bootstrap": n_boot if y.size and n_boot else 0}
     if y.size:
         common.update(mean_predicted=float(p.mean()), observed_rate=float(y.mean()), brier=brier_score_loss(y, p),
-                      log_loss=log_loss(y, p), auroc=_none_if_nan(auroc_score(y, p)))
+                      log_loss=log_loss(y, p), auroc=none_if_nan(auroc_score(y, p)))
     rows, bin_rows = [], []
     for name in binnings:
         n_bins, strategy = parse_binning(name)
         row = {**base, "binning": name, **common}
         if y.size:
-            b = _binned(y, p, n_bins, strategy)
-            row.update(ece=_ece(b), mce=_mce(b), debiased_ece=_debiased_ece(b))
+            b = binned(y, p, n_bins, strategy)
+            row.update(ece=ece_of(b), mce=mce_of(b), debiased_ece=debiased_ece_of(b))
             if n_boot:
-                lo, hi = _interval(row["ece"], _resampled_ece(weights, g, b, p, y), level)
-                row.update(ece_ci_lo=_none_if_nan(lo), ece_ci_hi=_none_if_nan(hi))
-            c = _curve(b)
+                lo, hi = normal_interval(row["ece"], resampled_ece(weights, g, b, p, y), level)
+                row.update(ece_ci_lo=none_if_nan(lo), ece_ci_hi=none_if_nan(hi))
+            c = curve_of(b)
             bin_rows += [{**base, "binning": name, "bin": int(i), "bin_lo": float(lo_), "bin_hi": float(hi_),
                           "mean_predicted": float(mp), "observed_rate": float(r), "count": int(n)}
                          for i, lo_, hi_, mp, r, n in zip(c.bin, c.bin_lo, c.bin_hi, c.mean_predicted,
                                                           c.observed_rate, c.count)]
         rows.append(row)
     return rows, bin_rows
-
-
-def _none_if_nan(x: float) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else x
 
 
 def _check_options(binnings, n_bootstrap, confidence_level) -> None:
@@ -165,7 +123,7 @@ def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 100
     wl_code, wl_values = _factorize(ev.workload)
     workloads = ["*", *wl_values]
     rid_code, rid_values = _factorize(ev.rid)  # codes in sorted order of the rids
-    keys = resampling.unit_keys(rid_values) if n_bootstrap else None
+    keys = bootstrap.unit_keys(rid_values) if n_bootstrap else None
     for i, workload in enumerate(workloads):
         mask = np.ones(len(ev.rid), dtype=bool) if workload == "*" else wl_code == i - 1
         gidx = _dense(rid_code[mask])  # np.unique(ev.rid[mask], return_inverse=True)[1], without sorting strings
@@ -173,7 +131,7 @@ def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 100
         full_gidx[mask] = gidx
         n_groups = int(gidx.max()) + 1 if gidx.size else 0
         # Poisson weights per request (the same for a request in every group and on every shard of the run)
-        weights = (resampling.poisson_weights(keys[np.unique(rid_code[mask])], n_bootstrap, seed)
+        weights = (bootstrap.poisson_weights(keys[np.unique(rid_code[mask])], n_bootstrap, seed)
                    if n_bootstrap and n_groups else None)
         for k in range(ev.gamma):
             r, b = _position_rows(ev, mask, k, workload, binnings, weights, full_gidx, confidence_level,
@@ -190,8 +148,6 @@ def _factorize(values: np.ndarray) -> tuple[np.ndarray, list]:
     The same numbering as ``np.unique(values, return_inverse=True)``, by hashing
     each value once and sorting only the distinct ones.
     """
-    import pandas as pd
-
     codes, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
     uniques = np.asarray(uniques, dtype=object if np.asarray(values).dtype == object else None)
     if uniques.size == 0:
@@ -219,13 +175,13 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
 
     ``con_or_store``: a :class:`~dspark_obs.store.Store`, a data root, or a
     connection from :func:`dspark_obs.sql.connect`.  ``labels``: one of
-    :data:`LABEL_KINDS` (see :mod:`~dspark_obs.estimators.calibration_events`).
+    :data:`LABEL_KINDS` (see :mod:`~dspark_obs.estimators.calibration.events`).
     ``n_bootstrap`` request-level resamples give ``ece_ci_lo/hi`` (0 = none;
     ``seed`` makes them reproducible).
 
     A run of more than ``chunk_rows`` labelled steps (default 150k) is read a
     chunk of whole requests at a time, so memory does not grow with the run
-    (:mod:`~dspark_obs.estimators.calibration_chunks`): every figure is then the
+    (:mod:`~dspark_obs.estimators.calibration.chunks`): every figure is then the
     one-pass value up to the order of float additions, except AUROC and the
     edges of equal-mass bins, which come from a sample of whole requests chosen
     by rid hash (``sample_rows`` steps, default 500k) when the run holds more.
@@ -238,12 +194,9 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     The rows of (``run_id``, ``labels``) in ``calibration`` and
     ``calibration_bins`` replace older ones; other label kinds are kept.
     """
-    from dspark_obs.estimators import calibration_chunks as chunks
-    from dspark_obs.estimators.ceiling_chunks import DEFAULT_CHUNK_ROWS
-
     _check_options(binnings, n_bootstrap, confidence_level)
     chunk_rows = chunk_rows or DEFAULT_CHUNK_ROWS
-    con, store = _connect(con_or_store)
+    con, store = sqlmod.connection_and_store(con_or_store)
     plan = chunks.plan_run(con, run_id, labels=labels, companion=companion, chunk_rows=chunk_rows,
                            units=n_bootstrap > 0)
     if engine is not None and len(plan.chunks) < getattr(engine, "min_chunks", 0):
@@ -259,7 +212,8 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
         summary, bins, notes = chunks.summarise_in_chunks(
             con, run_id, plan, labels=labels, binnings=binnings, n_bootstrap=n_bootstrap,
             confidence_level=confidence_level, seed=seed,
-            sample_rows=sample_rows or chunks.DEFAULT_SAMPLE_ROWS, progress=progress, engine=engine)
+            sample_rows=sample_rows or chunks.DEFAULT_SAMPLE_ROWS, progress=progress,
+            accumulate=None if engine is None else functools.partial(calibration_ray.accumulate, engine))
     if write:
         for table, rows in (("calibration", summary), ("calibration_bins", bins)):
             _replace_labels(store, table, run_id, labels, rows)
@@ -272,8 +226,6 @@ def _replace_labels(store, table: str, run_id: str, labels: str, rows: pa.Table)
     The store has no atomic partition replace, so a reader may briefly see the
     partition empty (between the drop and the write).
     """
-    import pyarrow.compute as pc
-
     old = store.read(table, run_id).drop_columns(["run_id"])
     keep = old.filter(pc.not_equal(old.column("labels"), labels)) if old.num_rows else old
     merged = pa.concat_tables([keep.cast(rows.schema), rows]) if keep.num_rows else rows

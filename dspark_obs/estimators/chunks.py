@@ -11,7 +11,7 @@ What needs the whole run is handled apart: the acceptance model is fitted on a
 **sample** of whole requests chosen by a hash of their rid (the same requests
 for the same run, on every machine and version; every request when the run
 holds at most ``fit_rows`` steps), and summaries are accumulated from per-chunk
-sufficient statistics (:mod:`ceiling_stats`).
+sufficient statistics (:mod:`~dspark_obs.estimators.ceiling.stats`).
 
 The predicates are SQL text with bound parameters (``$chunk_lo`` ...), to be
 applied to a rid column by the caller's query.
@@ -19,10 +19,11 @@ applied to a rid column by the caller's query.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from dspark_obs.keys import stable_keys
 
 __all__ = ["Chunk", "plan_chunks", "sample_requests", "shard_requests", "rid_hash", "DEFAULT_CHUNK_ROWS",
            "DEFAULT_FIT_ROWS"]
@@ -71,7 +72,7 @@ def plan_chunks(rids: list, counts: np.ndarray, *, chunk_rows: int = DEFAULT_CHU
         return [Chunk("TRUE", rows=total, requests=len(rids))]
     chunks: list[Chunk] = []
     named = [i for i, r in enumerate(rids) if r is not None]
-    start, rows = None, 0
+    start, rows, prev = None, 0, -1
     for i in named:
         if start is not None and rows + counts[i] > chunk_rows:
             chunks.append(_range(rids, start, prev, rows, listed))
@@ -97,9 +98,8 @@ def _range(rids: list, first: int, last: int, rows: int, listed: bool = False) -
 
 
 def rid_hash(rids: list) -> np.ndarray:
-    """A stable 64-bit hash of each rid (BLAKE2b; ``None`` hashes as the empty string)."""
-    return np.array([int.from_bytes(hashlib.blake2b((r or "").encode(), digest_size=8).digest(), "little")
-                     for r in rids], dtype=np.uint64)
+    """A stable 64-bit hash of each rid (:func:`dspark_obs.keys.stable_keys`; ``None`` as the empty string)."""
+    return stable_keys(rids)
 
 
 def shard_requests(rids: list, counts: np.ndarray, n_shards: int) -> list[tuple[list, np.ndarray]]:

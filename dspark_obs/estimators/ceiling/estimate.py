@@ -1,0 +1,295 @@
+"""The block-accept (ceiling) estimator: what a full-block verify would have accepted.
+
+Compact mode verifies only a window of each drafted block, so when the whole
+window is accepted (a *censored* step) the full-block acceptance — the ceiling —
+is hidden.  This module estimates it per request-step from the committed output
+(DESIGN.md §3):
+
+* **greedy** requests (temperature 0): a trimmed draft is accepted iff it equals
+  the realised token, so the ceiling is exact wherever the output continues
+  past the walk; where the output ends first it is an interval (EOS: nothing
+  past it is accepted, ``hi = lo``; length cut: up to ``gamma``).
+* **temperature** requests: a trimmed draft is accepted with probability
+  ``a_k = min(1, p_k / q_k)``.  ``method="sglang"`` is SGLang's own rule
+  (``dspark_block_accept_estimator``): walk while the realised token equals the
+  draft, ``lo = w + sum prod a``, ``hi = lo + prod * (#unverifiable)``,
+  ``mid = (lo + hi) / 2``; ``q_k`` comes from SGLang's JSONL, and without it the
+  head's confidence ``c_k`` stands in for ``a_k``.  ``method="default"``
+  separates what is known from what is estimated:
+
+  - when the head's confidence is (a monotone map of) the drafter's
+    probability of its draft — a real drafter's softmax, or a separate head of
+    it — the *drafter map* ``q̂ = g(c)`` is learnt from the verified drafts
+    (:mod:`~dspark_obs.estimators.ceiling.drafter`) and the walked drafts get ``a_k = min(1, p_k / q̂_k)``,
+    with ``lo``/``hi`` from the map's standard errors (``q̂ ± 1.96 se``);
+  - otherwise (a head trained on acceptance, like the emulator's) ``a_k`` comes
+    from an acceptance model fitted on the run's verified drafts (confidence as
+    the prior, top-k evidence as the update; :mod:`~dspark_obs.estimators.ceiling.prior`), with
+    ``lo``/``hi`` bounds that hold for any drafter (``p_k <= a_k <= 1``);
+    which of the two explains the verified outcomes better (log-likelihood) is
+    chosen per run;
+  - ``a_k`` is exact where SGLang's JSONL gives ``q_k``; past a divergence the
+    unverifiable rest is accepted in ``mid`` at the verified drafts' rate in
+    the same confidence bin and position (:class:`~dspark_obs.estimators.ceiling.prior.BinnedPrior`;
+    a drafter's probability is no acceptance probability, so no shape is
+    assumed) with the drafter map, else with the head's calibrated conditional
+    confidence and between none and all in ``lo``/``hi`` (none after
+    EOS).  That band is what the data support: the acceptance ``min(1, p/q̂)``
+    of the run's verified drafts spreads over all of [0, 1] at every position
+    (its 2.5% and 97.5% quantiles are 0 and 1 on a drafter-probability head),
+    so a narrower band past a divergence would be a guess; the drafter map
+    narrows the walked part instead.
+
+  Equality of a trimmed draft with the realised token is *not* taken as
+  acceptance: the realised token came from another verify, so equality only
+  says the draft was not contradicted (the emulator's coupling makes equality
+  imply acceptance; real SGLang's does not).
+
+Assumptions: the realised prefix is what the untrimmed trajectory would have
+seen up to the walk's position (SGLang's "anchor tokens behave alike");
+``tokens.logprob`` / ``top_logprobs`` are at the request temperature (SGLang's
+default); ``requests.prompt_tokens`` places output position 0 (the prefill
+token) — checked against each step's committed tokens; a request of unknown
+temperature gets the temperature rule (its bounds hold for greedy too).
+
+Units: ``lo``/``mid``/``hi`` count *drafts* a full block accepts (0..gamma),
+not accept lengths; SGLang's estimator and analyzer report ``lo + 1`` etc.
+
+:func:`estimate_ceiling` is the pure computation; :func:`~dspark_obs.estimators.ceiling.io.estimate_run` reads a
+run from the store's views, computes, and writes the ``ceiling``,
+``ceiling_summary`` and ``ceiling_validation`` tables (replacing the run's old
+results).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+
+from dspark_obs import schema
+from dspark_obs.estimators.ceiling.drafter import DrafterMap, fit_drafter_map
+from dspark_obs.estimators.ceiling.evidence import Evidence
+from dspark_obs.estimators.ceiling.prior import (
+    AcceptanceModel,
+    BinnedPrior,
+    fit_acceptance_model,
+    fit_binned_prior,
+    training_mask,
+)
+from dspark_obs.estimators.ceiling.walk import (
+    CATEGORIES,
+    Walk,
+    ceiling_from_factors,
+    position_survival,
+    sglang_interval,
+    walk_blocks,
+)
+from dspark_obs.schema import CEILING, CEILING_SUMMARY, CEILING_VALIDATION
+
+__all__ = ["METHODS", "Method", "drafter_explains_better", "CeilingEstimate", "estimate_ceiling",
+           "CEILING", "CEILING_SUMMARY", "CEILING_VALIDATION"]
+
+METHODS = ("default", "sglang")
+_Z = 1.96           # the drafter map's band: q̂ +- 1.96 standard errors
+_TAIL_LO, _TAIL_HI = 0.0, 1.0   # unverifiable drafts past a divergence: none to all accepted
+Method = Literal["default", "sglang"]
+
+_i16, _i32, _i64, _f32, _f64, _str = pa.int16(), pa.int32(), pa.int64(), pa.float32(), pa.float64(), pa.string()
+
+
+_f = schema.field  # a documented column
+
+
+@dataclass(frozen=True)
+class CeilingEstimate:
+    """Per request-step results of :func:`estimate_ceiling` (arrays of ``n``)."""
+
+    walk: Walk
+    lo: np.ndarray
+    mid: np.ndarray
+    hi: np.ndarray
+    model: AcceptanceModel | None = field(default=None, repr=False)
+    survival: np.ndarray | None = field(default=None, repr=False)   # [n, gamma] P(first k accepted), for mid
+
+    @property
+    def category(self) -> np.ndarray:
+        """Category names (object array)."""
+        return np.asarray(CATEGORIES, dtype=object)[self.walk.category]
+
+
+def _as_2d(x: np.ndarray | None, shape: tuple[int, int], name: str) -> np.ndarray:
+    if x is None:
+        return np.full(shape, np.nan)
+    x = np.asarray(x, dtype=np.float64)
+    if x.shape != shape:
+        raise ValueError(f"{name} has shape {x.shape}, expected {shape} (steps x gamma)")
+    return x
+
+
+def estimate_ceiling(
+    drafts: np.ndarray,
+    window: np.ndarray,
+    correct: np.ndarray,
+    evidence: Evidence,
+    *,
+    greedy: np.ndarray,
+    natural_end: np.ndarray,
+    confidence: np.ndarray | None = None,
+    q_draft: np.ndarray | None = None,
+    p_draft: np.ndarray | None = None,
+    method: Method = "default",
+    model: AcceptanceModel | None = None,
+    drafter: DrafterMap | None = None,
+    use_drafter: bool | None = None,
+    binned_prior: BinnedPrior | None = None,
+) -> CeilingEstimate:
+    """Ceiling ``(lo, mid, hi)`` in drafts (0..gamma) for each request-step.
+
+    (Over 60 lines for its documented parameters; the body, under 60, is the
+    method's one sequence: walk, acceptance factors, ceilings.)
+
+    Parameters
+    ----------
+    drafts : int [n, gamma]; window, correct : int [n]
+        ``draft_tokens``, ``verify_len - 1``, ``correct_drafts``.
+    evidence : :class:`~dspark_obs.estimators.ceiling.evidence.Evidence`
+        Realised tokens and target probabilities at each draft's position.
+    greedy, natural_end : bool [n]
+        Temperature 0; the output ended with EOS / stop (else length cut or unknown).
+    confidence : float [n, gamma], optional
+        The head's conditional acceptance ``c_k`` (NaN / None when not sent).
+    q_draft, p_draft : float [n, gamma], optional
+        Drafter and target probabilities of each draft from SGLang's JSONL
+        (NaN unknown); ``p_draft`` overrides the evidence where given.
+    method : "default" | "sglang"
+        See the module docstring.
+    model : AcceptanceModel, optional
+        Fitted acceptance model; by default fitted on these steps.
+    drafter : DrafterMap, optional
+        Fitted drafter map ``q̂ = g(c)``; by default fitted on these steps.
+    use_drafter : bool, optional
+        Whether the drafter map (rather than the acceptance model) gives the
+        walked drafts' ``a_k``; by default the one that explains these steps'
+        verified outcomes better (:func:`drafter_explains_better`).
+    binned_prior : BinnedPrior, optional
+        With the drafter map, the sampled drafts past a divergence are accepted
+        at the verified drafts' rate in their confidence bin; by default fitted
+        on these steps.
+
+    Returns ``lo``, ``mid``, ``hi`` and ``survival`` (``[n, gamma]``, the
+    per-position terms ``mid`` sums: the reconstructed calibration labels).
+
+    >>> from dspark_obs.estimators.ceiling.evidence import Evidence
+    >>> ev = Evidence(realised=np.array([[5, 6, 7]]), p_draft=np.full((1, 3), np.nan),
+    ...               p_topk=np.full((1, 3), np.nan), topk_state=np.zeros((1, 3), np.int8))
+    >>> est = estimate_ceiling(np.array([[5, 6, 8]]), np.array([1]), np.array([1]), ev,
+    ...                        greedy=np.array([True]), natural_end=np.array([True]))
+    >>> est.category[0], float(est.lo[0]), float(est.hi[0])   # d_2 matches, d_3 does not
+    ('censored_resolved_exact', 2.0, 2.0)
+    """
+    if method not in METHODS:
+        raise ValueError(f"method {method!r} is not one of {', '.join(METHODS)}")
+    drafts, window, correct = _checked_steps(drafts, window, correct)
+    n, gamma = drafts.shape
+    greedy = np.broadcast_to(np.asarray(greedy, dtype=bool), (n,))
+    conf = _as_2d(confidence, (n, gamma), "confidence")
+    q = _as_2d(q_draft, (n, gamma), "q_draft")
+    p_json = _as_2d(p_draft, (n, gamma), "p_draft")
+    p = np.where(np.isnan(p_json), evidence.p_draft, p_json)
+
+    walk = walk_blocks(drafts, window, correct, evidence.realised, natural_end)
+    if model is None:
+        model = fit_acceptance_model(conf, window, correct, greedy, p_topk=evidence.p_topk,
+                                     topk_state=evidence.topk_state)
+    g = greedy[:, None]
+    eq = walk.matched.astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = np.minimum(1.0, p / q)              # NaN unless both are known
+    known = ~np.isnan(exact)
+    if method == "sglang":
+        proxy = np.where(np.isnan(conf), model.base_rate[False], conf)
+        a = np.where(g, eq, np.where(known, exact, proxy))
+        lo, mid, hi = sglang_interval(walk, a)
+        halfway = 0.5 * (position_survival(walk, a, tail=0.0) + position_survival(walk, a, tail=1.0))
+        return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model, survival=halfway)
+    if drafter is None:
+        drafter = fit_drafter_map(conf, p, evidence.topk_state, window, correct, ~greedy)
+    if use_drafter is None:
+        use_drafter = drafter_explains_better(drafter, model, conf, p, evidence, window, correct, ~greedy)
+    a_lo, a_mid, a_hi = _default_factors(conf, p, evidence, model, drafter if use_drafter else None,
+                                         np.where(g, eq, np.nan), np.where(known, exact, np.nan))
+    prior = model.prior(conf, greedy)
+    if use_drafter:
+        binned_prior = binned_prior or fit_binned_prior(conf, window, correct, ~greedy)
+        if binned_prior is not None:
+            prior = np.where(g, prior, binned_prior.prior(conf))
+    lo = ceiling_from_factors(walk, a_lo, tail=_TAIL_LO)
+    hi = ceiling_from_factors(walk, a_hi, tail=_TAIL_HI)
+    mid = ceiling_from_factors(walk, a_mid, tail=prior)
+    return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model,
+                           survival=position_survival(walk, a_mid, tail=prior))
+
+
+def _checked_steps(drafts, window, correct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``drafts [n, gamma]``, ``window`` and ``correct`` as arrays, refused with the bad step when inconsistent."""
+    drafts = np.asarray(drafts)
+    if drafts.ndim != 2 or drafts.shape[1] < 1:
+        raise ValueError(f"drafts must be a 2-D array [steps, gamma], got shape {drafts.shape}")
+    n, gamma = drafts.shape
+    window = np.asarray(window, dtype=np.int64)
+    correct = np.asarray(correct, dtype=np.int64)
+    if window.shape != (n,) or correct.shape != (n,):
+        raise ValueError(f"window and correct must have shape ({n},), got {window.shape} and {correct.shape}")
+    bad = (correct < 0) | (correct > window) | (window > gamma)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"step {i}: need 0 <= correct_drafts <= window <= gamma={gamma}, got "
+                         f"correct_drafts={correct[i]}, window={window[i]}")
+    return drafts, window, correct
+
+
+def _default_factors(conf, p, evidence: Evidence, model: AcceptanceModel, drafter: DrafterMap | None,
+                     greedy_eq: np.ndarray, exact: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-draft acceptance ``(a_lo, a_mid, a_hi)`` of the default method.
+
+    ``greedy_eq`` (the draft matched its realised token, NaN on sampled steps)
+    decides a greedy step; else ``exact`` (``min(1, p/q)`` from SGLang's JSONL,
+    NaN unknown); else the drafter map's band (``drafter`` given) or ``[p, 1]``
+    around the acceptance model's guess.
+    """
+    p_known = ~np.isnan(p)
+    guess = model.draft(conf, evidence.p_topk, evidence.topk_state)
+    if drafter is not None:
+        mapped = np.where(p_known, drafter.accept(conf, p), guess)
+        a_lo = np.where(p_known, drafter.accept(conf, p, z=_Z), 0.0)
+        a_hi = np.where(p_known, drafter.accept(conf, p, z=-_Z), 1.0)
+    else:
+        mapped = guess
+        a_lo, a_hi = np.nan_to_num(p, nan=0.0), np.ones_like(p)
+    g, known = ~np.isnan(greedy_eq), ~np.isnan(exact)
+    a_lo = np.where(g, greedy_eq, np.where(known, exact, a_lo))
+    a_hi = np.where(g, greedy_eq, np.where(known, exact, a_hi))
+    a_mid = np.where(g, greedy_eq, np.where(known, exact, np.clip(mapped, a_lo, a_hi)))
+    return a_lo, a_mid, a_hi
+
+
+def drafter_explains_better(drafter: DrafterMap, model: AcceptanceModel, conf, p, evidence: Evidence,
+                            window, correct, sampled) -> bool:
+    """Does ``min(1, p / q̂(c))`` predict the verified outcomes better than the evidence model?
+
+    Both are judged by log-likelihood on the same verified drafts of sampled
+    steps (those whose ``p`` is known); a head that is not a function of the
+    drafter's probability (e.g. trained on acceptance) loses here.
+    """
+    verified, accepted = training_mask(window, correct, drafter.gamma)
+    use = verified & sampled[:, None] & ~np.isnan(p) & ~np.isnan(conf)
+    if not drafter.fitted or not use.any():
+        return False
+    a_map = np.clip(drafter.accept(conf, p), 1e-6, 1 - 1e-6)[use]
+    a_ev = np.clip(model.draft(conf, evidence.p_topk, evidence.topk_state), 1e-6, 1 - 1e-6)[use]
+    y = accepted[use]
+    ll = lambda a: float(np.where(y, np.log(a), np.log1p(-a)).sum())  # noqa: E731
+    return ll(a_map) >= ll(a_ev)

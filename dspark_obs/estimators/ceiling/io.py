@@ -1,0 +1,279 @@
+"""The run side of the ceiling estimator: plan a run's chunks, estimate them, write the results.
+
+:mod:`~dspark_obs.estimators.ceiling.inputs` reads a chunk's arrays, the pure
+functions estimate it, and the run's partitions of ``ceiling``,
+``ceiling_summary`` and ``ceiling_validation`` are replaced once every chunk
+succeeded.  The entry point is :func:`~dspark_obs.estimators.ceiling.run.estimate_run`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pyarrow as pa
+
+from dspark_obs import schema
+from dspark_obs.estimators import pairing
+from dspark_obs.estimators.ceiling import stats as ceiling_stats
+from dspark_obs.estimators.ceiling.drafter import fit_drafter_map
+from dspark_obs.estimators.ceiling.estimate import drafter_explains_better, estimate_ceiling
+from dspark_obs.estimators.ceiling.fit import CeilingFit
+from dspark_obs.estimators.ceiling.inputs import (
+    ChunkInputs,
+    InferredSampling,
+    check_alignment_share,
+    column_array,
+    infer_sampling,
+    load_inputs,
+    run_gamma,
+    run_meta,
+    run_rids,
+    sglang_arrays,
+    truth_of,
+)
+from dspark_obs.estimators.ceiling.partial import RunPartial, RunTotals, rid_positions, workload_labels
+from dspark_obs.estimators.ceiling.prior import fit_acceptance_model, fit_binned_prior
+from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
+from dspark_obs.store import validate_run_id
+
+__all__ = ["CeilingRun", "RunPlan", "plan_estimate", "estimate_chunks", "finish_estimate", "run_local", "result_of",
+           "replace_results", "RESULT_TABLES"]
+
+RESULT_TABLES = ("ceiling", "ceiling_summary", "ceiling_validation")
+
+
+@dataclass
+class CeilingRun:
+    """What :func:`estimate_run` computed and wrote.
+
+    ``ceiling`` is the per-step table; after a write it is read back from the
+    store when first asked for (a large run's table is never held whole in memory
+    while estimating), so use ``num_rows`` for its size.
+    """
+
+    run_id: str
+    method: str
+    gamma: int
+    summary: pa.Table
+    validation: pa.Table | None
+    truth_source: str | None = None
+    companion: str | None = None
+    steps_with_truth: int = 0
+    misaligned_requests: list[str] = field(default_factory=list)
+    num_rows: int = 0
+    sampling_counts: dict = field(default_factory=dict)   # (sampling, source) -> requests
+    table: pa.Table | None = field(default=None, repr=False)   # held when not written
+    store: object = field(default=None, repr=False)            # where it was written
+    fit: object = field(default=None, repr=False)              # the CeilingFit used (estimate --fit-out)
+
+    @property
+    def ceiling(self) -> pa.Table:
+        """The per-step ``ceiling`` rows (read back from the store on first use after a write)."""
+        if self.table is None and self.store is not None:
+            self.table = self.store.read("ceiling", self.run_id).drop_columns(["run_id"])
+        return self.table
+
+
+def _ceiling_table(steps: pa.Table, est, x: "ChunkInputs", method: str) -> pa.Table:
+    n = steps.num_rows
+    window, correct = x.window, x.correct
+    cols = {name: steps.column(name) for name in ("dp_rank", "forward_ct", "segment", "rid", "workload")}
+    return pa.table({
+        **cols, "temperature": pa.array(x.temperature.astype(np.float32), from_pandas=True),
+        "sampling": pa.array(x.sampling.astype(str)), "sampling_source": pa.array(x.sampling_source.astype(str)),
+        "prefix_len": steps.column("prefix_len"), "window": pa.array(window.astype(np.int16)), "correct_drafts": pa.array(correct.astype(np.int16)),
+        "censored": pa.array(est.walk.censored), "category": pa.array(est.category.astype(str)),
+        "walked": pa.array(est.walk.n_walked.astype(np.int16)),
+        "lo": pa.array(est.lo), "mid": pa.array(est.mid), "hi": pa.array(est.hi),
+        "method": pa.array([method] * n, pa.string()),
+        "survival_mid": pa.FixedSizeListArray.from_arrays(
+            pa.array(est.survival.astype(np.float32).reshape(-1)), est.survival.shape[1]).cast(pa.list_(pa.float32())),
+    })
+
+
+def _fit(x: ChunkInputs, run_id: str, gamma: int) -> CeilingFit:
+    """What the run's verified drafts teach, fitted once and used on every chunk."""
+    ev = x.aligned.evidence
+    model = fit_acceptance_model(x.conf, x.window, x.correct, x.greedy, p_topk=ev.p_topk, topk_state=ev.topk_state)
+    drafter = fit_drafter_map(x.conf, ev.p_draft, ev.topk_state, x.window, x.correct, ~x.greedy)
+    use = drafter_explains_better(drafter, model, x.conf, ev.p_draft, ev, x.window, x.correct, ~x.greedy)
+    return CeilingFit(model, drafter, use, fit_binned_prior(x.conf, x.window, x.correct, ~x.greedy),
+                      {"run_id": run_id, "gamma": gamma})
+
+
+def _check_fit(fit: CeilingFit, run_id: str, gamma: int) -> CeilingFit:
+    if fit.gamma != gamma:
+        raise ValueError(f"the ceiling fit is for gamma={fit.gamma} (run {fit.meta.get('run_id')!r}), run "
+                         f"{run_id!r} has gamma={gamma}: fit one on a run of this deployment")
+    return fit
+
+
+@dataclass
+class RunPlan:
+    """What every chunk of a run needs, decided once by the driver (picklable, so workers get it)."""
+
+    run_id: str
+    rids: list                 # the run's rids as the database sorts them, None last
+    counts: np.ndarray         # their steps
+    chunks: list               # the local path's chunks (contiguous rid ranges)
+    sample: Chunk              # requests the models are fitted on
+    mode: str
+    gamma: int
+    companion: str | None
+    method: str
+    inferred: InferredSampling
+    sglang_logprobs: pa.Table | None
+    temperature: float | None
+    model: CeilingFit | None = None   # None: fitted on the only chunk, as one pass would
+
+
+def plan_estimate(con, run_id: str, root, *, companion, method, sglang_logprobs, chunk_rows: int, fit_rows: int,
+                  temperature: float | None, alpha: float, fit: bool = False,
+                  given: CeilingFit | None = None) -> RunPlan:
+    """Plan the run's chunks and fit the models on the sample (unless the run is one chunk and not ``fit``).
+
+    ``given`` (a fit of an earlier run of the same deployment) is used instead of fitting."""
+    validate_run_id(run_id)
+    rids, counts = run_rids(con, run_id, root)
+    chunks = plan_chunks(rids, counts, chunk_rows=chunk_rows)
+    sample = sample_requests(rids, counts, max_rows=fit_rows)
+    mode, gamma = run_meta(con, run_id)
+    gamma = run_gamma(con, run_id, gamma)
+    if companion is None and mode == "compact":
+        companion = pairing.companion_of(con, run_id)
+    plan = RunPlan(run_id, rids, counts, chunks, sample, mode, gamma, companion, method,
+                   infer_sampling(con, run_id, alpha), sglang_logprobs, temperature)
+    if given is not None:
+        plan.model = _check_fit(given, run_id, gamma)
+    elif fit or not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk
+        fit_inputs, _, _ = load_inputs(con, run_id, root, sample, gamma, inferred=plan.inferred, temperature=temperature)
+        plan.model = _fit(fit_inputs, run_id, gamma)
+    return plan
+
+
+def estimate_chunks(con, plan: RunPlan, chunks: list, root, *, n_bootstrap: int, seed: int,
+                    sink: Callable[[pa.Table], None], progress: Callable[[int], None] | None = None) -> RunPartial:
+    """Estimate ``chunks`` of the run: each chunk's ``ceiling`` rows go to ``sink``; returns their
+    :class:`RunPartial`.  The one per-chunk path, for the local loop and for every worker."""
+    acc = RunTotals(rid_positions(plan.rids))
+    model = plan.model
+    for chunk in chunks:
+        x, mode, gamma = load_inputs(con, plan.run_id, root, chunk, plan.gamma, inferred=plan.inferred,
+                                 temperature=plan.temperature)
+        if model is None:  # kept on the plan: the result carries the fit it used (estimate --fit-out)
+            model = plan.model = _fit(x, plan.run_id, gamma)
+        part = _estimate_chunk(con, plan.run_id, x, chunk, mode=mode, gamma=gamma, method=plan.method, model=model,
+                               companion=plan.companion, sglang_logprobs=plan.sglang_logprobs)
+        acc.add(x, part)
+        sink(part.ceiling)
+        if progress is not None:
+            progress(x.steps.num_rows)
+        del x, part
+    return acc.finish(n_bootstrap=n_bootstrap, seed=seed)
+
+
+def finish_estimate(plan: RunPlan, partial: RunPartial, *, n_bootstrap: int) -> tuple[pa.Table, pa.Table | None, str | None]:
+    """``(ceiling_summary, ceiling_validation or None, companion validated against)`` of the run's partial."""
+    check_alignment_share(plan.run_id, partial.bad, partial.checked)
+    summary = pa.Table.from_pylist([{**r, "method": plan.method} for r in partial.summary_rows(n_bootstrap)],
+                                   schema=_file_schema("ceiling_summary"))
+    rows = partial.validation_rows()
+    companion = plan.companion if partial.source == "companion" else None
+    validation = pa.Table.from_pylist(
+        [{**r, "method": plan.method, "truth_source": partial.source, "companion_run": companion} for r in rows],
+        schema=_file_schema("ceiling_validation")) if rows else None
+    return summary, validation, companion
+
+
+def result_of(plan: RunPlan, partial: RunPartial, summary, validation, companion, *, table=None,
+              store=None) -> CeilingRun:
+    return CeilingRun(run_id=plan.run_id, method=plan.method, gamma=plan.gamma, summary=summary,
+                      validation=validation, truth_source=partial.source, companion=companion,
+                      steps_with_truth=(partial.all_sums or {}).get("n", 0),
+                      misaligned_requests=partial.misaligned_rids(), num_rows=int(plan.counts.sum()), table=table,
+                      sampling_counts=dict(sorted(partial.sampling.items())), store=store, fit=plan.model)
+
+
+def run_local(con, plan: RunPlan, store, *, n_bootstrap: int, seed: int, write: bool,
+              progress: Callable[[int, int], None] | None = None) -> CeilingRun:
+    """The planned run estimated chunk by chunk in this process (the ``ceiling`` rows staged as they come)."""
+    run_id = plan.run_id
+    total, done = int(plan.counts.sum()), [0]
+
+    def advance(rows: int) -> None:
+        done[0] += rows
+        if progress is not None:
+            progress(done[0], total)
+
+    # Each chunk's rows go straight to the store as staged part files (invisible to readers), committed
+    # with a rename once the whole run succeeded: a failure leaves the old results as they were.
+    batch, tables = f"ceiling-{secrets.token_hex(6)}" if write else None, []
+    sink = tables.append if batch is None else (lambda t: store.stage("ceiling", run_id, t, batch))
+    try:
+        partial = estimate_chunks(con, plan, plan.chunks, store.root, n_bootstrap=n_bootstrap, seed=seed,
+                                  sink=sink, progress=advance)
+        summary, validation, companion = finish_estimate(plan, partial, n_bootstrap=n_bootstrap)
+        if write:
+            replace_results(store, run_id, batch, summary, validation)
+            batch = None
+    finally:
+        if batch is not None:
+            store.discard_staged("ceiling", run_id, batch)
+    ceiling = pa.concat_tables(tables) if tables else None
+    return result_of(plan, partial, summary, validation, companion, table=ceiling, store=store if write else None)
+
+
+def replace_results(store, run_id: str, ceiling_parts, summary: pa.Table, validation: pa.Table | None) -> None:
+    """Drop the run's old result partitions and write the new ones (``ceiling_parts``: tables, or a
+    staged batch name the workers wrote to)."""
+    for table in RESULT_TABLES:
+        store.drop_run(table, run_id)
+    if isinstance(ceiling_parts, str):
+        store.commit_staged("ceiling", run_id, ceiling_parts)
+    else:
+        for part in ceiling_parts:
+            store.write("ceiling", run_id, part)
+    store.write("ceiling_summary", run_id, summary)
+    if validation is not None:
+        store.write("ceiling_validation", run_id, validation)
+
+
+@dataclass
+class _ChunkResult:
+    ceiling: pa.Table
+    workload: np.ndarray
+    summary_columns: dict
+    known_sums: dict           # validation sums over every step with a truth
+    censored_known: dict       # per-step columns of the censored steps with a truth, for the validation
+    censored_rows: np.ndarray  # which steps those are
+    source: str | None
+
+
+def _estimate_chunk(con, run_id: str, x: ChunkInputs, chunk: Chunk, *, mode: str, gamma: int, method: str,
+                    model: CeilingFit, companion: str | None, sglang_logprobs) -> _ChunkResult:
+    q_draft, p_draft = sglang_arrays(x.steps, sglang_logprobs, gamma)
+    est = estimate_ceiling(x.drafts, x.window, x.correct, x.aligned.evidence, greedy=x.greedy,
+                           natural_end=x.aligned.natural_end, confidence=x.conf, q_draft=q_draft, p_draft=p_draft,
+                           method=method, model=model.acceptance, drafter=model.drafter,
+                           use_drafter=model.use_drafter, binned_prior=model.binned)
+    ceiling = _ceiling_table(x.steps, est, x, method)
+    workload = workload_labels(x.steps)
+    truth, source = truth_of(con, run_id, x.steps, mode, companion, chunk)
+    censored = est.walk.censored
+    emu = np.where(censored, column_array(x.steps, "emu_expected_given_window", np.float64, np.nan), np.nan)
+    known = ~np.isnan(truth) | ~np.isnan(emu)
+    base = censored & known
+    # Truths count drafts and the emulator's expectation is stored as float32: both are exact in float32.
+    kept = {"lo": est.lo[base], "mid": est.mid[base], "hi": est.hi[base], "truth": truth[base].astype(np.float32),
+            "emu": emu[base].astype(np.float32), "category": est.walk.category[base],
+            "workload": workload[base], "greedy": x.greedy[base]}
+    return _ChunkResult(ceiling, workload, {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
+                        ceiling_stats.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), kept, base,
+                        source)
+
+
+def _file_schema(table: str) -> pa.Schema:
+    return schema.TABLES[table]
