@@ -17,6 +17,7 @@ from rich.table import Table
 
 from collectors.sglang.driver import DriveSpec
 from collectors.sglang.session import CollectOptions, collect
+from dspark_obs import pipeline
 from dspark_obs import sql as sqlmod
 from dspark_obs.console import print_table
 from dspark_obs.commands.companion import CompanionOptions, format_summary, run_companion
@@ -120,17 +121,10 @@ def _model_requests(n: int, *, max_new_tokens: int, seed: int) -> list:
 
 
 def analyse(store: Store, compact: str, companion: str, *, console: Console, fmt: str = "table") -> None:
-    """Run the estimator stages on a compact run and its companion; print what they found."""
-    from dspark_obs.estimators import calibration, ceiling, costmodel, replay
-
+    """Run the estimator stages (:mod:`dspark_obs.pipeline`) on a compact run and its companion; print what
+    they found."""
     console.print("estimating the hidden ceiling, calibration, the cost model and schedule replay ...")
-    ceiling.estimate_run(store, compact, companion=companion, n_bootstrap=200)
-    ceiling.estimate_run(store, companion, n_bootstrap=200)
-    for labels in ("observed", "reconstructed", "companion"):
-        calibration.calibrate_run(store, compact, labels=labels, companion=companion, n_bootstrap=200)
-    con = sqlmod.connect(store.root)
-    costmodel.write_results(store, costmodel.fit_runs(con, [compact, companion]))
-    replay.write_results(store, replay.replay_run(con, compact))
+    pipeline.run_plans(store, pipeline.demo_plans(compact, companion, n_bootstrap=200))
     con = sqlmod.connect(store.root)
     rows = con.execute("""
         SELECT s.workload, s.mean_acc_len, s.ceiling_len_mid, s.ceiling_len_lo, s.ceiling_len_hi,
@@ -171,12 +165,17 @@ def _print_windows(store: Store, console: Console, fmt: str = "table") -> None:
 
 
 def write_report(out: Path, run_id: str, *, png: bool, console: Console) -> Path | None:
-    """Write the nightly report of ``run_id`` (its companion goes with it) to ``<out>/report``; print where."""
-    from dspark_obs.report import InputError, ReportOptions, ThresholdsError, build_report
+    """Write the nightly report of ``run_id`` (its companion goes with it) to ``<out>/report``; print where.
+
+    The pipeline's ``figures`` stage; an input or thresholds error is printed, not raised (the demo's data
+    is in the store either way).
+    """
+    from dspark_obs.report import InputError, ThresholdsError
 
     target = Path(out) / "report"
+    plan = pipeline.Plan(run_id, stages=("figures",), n_bootstrap=200, report={"png": png})
     try:
-        result = build_report(ReportOptions(data=Path(out), out=target, runs=[run_id], png=png, n_bootstrap=200))
+        result = pipeline.run_plans(Store(out), [plan]).reports[run_id]
     except (InputError, ThresholdsError) as exc:
         console.print(f"[yellow]report not written:[/yellow] {exc}")
         return None
