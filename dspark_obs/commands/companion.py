@@ -202,8 +202,8 @@ def register(app: typer.Typer) -> None:
         from collectors.importers import WorkloadResolver
         from collectors.sglang.companion import CompanionError
         from collectors.sglang.session import CollectError
-        from dspark_obs.cli import _parse_labels, _run_collector
-        from dspark_obs.console import console, fail
+        from dspark_obs.commands.collect import run_collector
+        from dspark_obs.console import console, fail, parse_labels
         from dspark_obs.objstore import open_store
         from dspark_obs.store import validate_run_id
 
@@ -230,7 +230,7 @@ def register(app: typer.Typer) -> None:
             fail(str(exc))
         opts = CompanionOptions(of=of, url=url, run_id=run_id, sample=sample, fraction=fraction, seed=seed,
                                 concurrency=concurrency, log_requests=log_requests, prompts=prompts,
-                                rid_suffix=rid_suffix, labels=_parse_labels(label), poll_interval=poll_interval,
+                                rid_suffix=rid_suffix, labels=parse_labels(label), poll_interval=poll_interval,
                                 flush_interval=flush_interval, workload=resolver)
         try:
             check, plan, copts, cleared = prepare(store, opts)
@@ -246,7 +246,7 @@ def register(app: typer.Typer) -> None:
                       f"{'; cleared its earlier records' if cleared else ''}; replaying {len(plan.requests)} "
                       f"requests of {of} as run {copts.run_id} at concurrency {plan.concurrency}")
         try:
-            summary = _run_collector(store, copts, total_requests=len(plan.requests))
+            summary = run_collector(store, copts, total_requests=len(plan.requests))
         except CollectError as exc:
             fail(str(exc))
         _, row = measure(store, plan, copts.run_id)

@@ -69,7 +69,7 @@ def ingest(
     from collectors.importers import WorkloadResolver, now
     from dspark_obs.objstore import open_store
     from dspark_obs import schema
-    from dspark_obs.cli import _parse_labels, console
+    from dspark_obs.console import console, parse_labels as _parse_labels
     from dspark_obs.store import Store, validate_run_id
 
     try:
