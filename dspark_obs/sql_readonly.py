@@ -120,17 +120,12 @@ def check_statement(statement) -> None:
 
 
 def _table_files(root: str | Path, table: str) -> tuple[list[str], Any, str]:
-    """``(files, pyarrow filesystem or None, base dir)`` of one table; ``runs``: the newest file per run."""
-    from dspark_obs import objstore
-    from dspark_obs.store import Store
+    """``(files, pyarrow filesystem, base dir)`` of one table; ``runs``: the newest file per run."""
+    from dspark_obs.sql import _object_store
+    from dspark_obs.store import Store, is_url
 
-    if objstore.is_url(str(root)):
-        from dspark_obs.sql import _object_store
-
-        store = _object_store(str(root))
-        return store._files(table, None), store.fs, f"{store.base}/{table}"
-    store = Store(root)
-    return [str(p) for p in store._part_files(table, None)], None, str(store.root / table)
+    store = _object_store(str(root)) if is_url(root) else Store(root)
+    return store.part_files(table), store.fs, f"{store.base}/{table}"
 
 
 def _dataset(root: str | Path, table: str) -> ds.Dataset | pa.Table:
@@ -151,10 +146,11 @@ def open_connection(root: str | Path) -> duckdb.DuckDBPyConnection:
     (one per table, ``step_reqs_w``, the table macros); they read the part files
     that exist now, through pyarrow.  Close it after one query (see :func:`run`).
     """
-    from dspark_obs import objstore, quarantine
+    from dspark_obs import quarantine
     from dspark_obs import sql as sqlmod
+    from dspark_obs.store import is_url
 
-    local = not objstore.is_url(str(root))
+    local = not is_url(root)
     if local:
         quarantine.sweep(root)  # a truncated file is moved aside, not fatal to the query
     con = duckdb.connect(":memory:")

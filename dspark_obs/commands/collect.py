@@ -66,7 +66,7 @@ def collect(
     1 the run ended in error, rows could not be written or every request failed (the run is closed
     with the reason); 2 it could not start (options, server, an existing run without --resume).
     """
-    from dspark_obs.objstore import open_store
+    from dspark_obs.store import open_store
     from collectors.sglang.driver import DriveSpec
     from collectors.sglang.session import CollectOptions
     from dspark_obs.store import validate_run_id

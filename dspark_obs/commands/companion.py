@@ -204,7 +204,7 @@ def register(app: typer.Typer) -> None:
         from collectors.sglang.session import CollectError
         from dspark_obs.commands.collect import run_collector
         from dspark_obs.console import console, fail, parse_labels
-        from dspark_obs.objstore import open_store
+        from dspark_obs.store import open_store
         from dspark_obs.store import validate_run_id
 
         if sample is not None and fraction is not None:

@@ -67,7 +67,7 @@ def ingest(
     Example: `dspark-obs ingest --out data --run-id prod-1 --server-info info.jsonl --request-log metrics.log --estimator-jsonl est.jsonl`
     """
     from collectors.importers import WorkloadResolver, now
-    from dspark_obs.objstore import open_store
+    from dspark_obs.store import open_store
     from dspark_obs import schema
     from dspark_obs.console import console, parse_labels as _parse_labels
     from dspark_obs.store import Store, validate_run_id

@@ -36,7 +36,7 @@ from dspark_obs.report.render_md import render_markdown
 from dspark_obs.report.sts import sts_section
 from dspark_obs.report.trimming import health_section
 from dspark_obs.report.thresholds import Thresholds, load_thresholds
-from dspark_obs.objstore import is_url, open_store
+from dspark_obs.store import is_url, open_store
 from dspark_obs.store import Store
 
 __all__ = ["ReportOptions", "ReportResult", "build_report", "HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "PNG_DIR"]
