@@ -21,7 +21,7 @@ from dspark_obs import pipeline
 from dspark_obs import sql as sqlmod
 from dspark_obs.console import print_table
 from dspark_obs.commands.companion import CompanionOptions, format_summary, run_companion
-from dspark_obs.emulator.server import SubprocessServer
+from dspark_obs.emulator.subprocess_server import SubprocessServer
 from dspark_obs.store import Store
 
 WORKLOADS = ["gsm8k", "arena-hard", "poetry"]
@@ -170,12 +170,12 @@ def write_report(out: Path, run_id: str, *, png: bool, console: Console) -> Path
     The pipeline's ``figures`` stage; an input or thresholds error is printed, not raised (the demo's data
     is in the store either way).
     """
-    from dspark_obs.report import InputError, ThresholdsError
+    from dspark_obs.report import InputError, ThresholdsError, figures_stage
 
     target = Path(out) / "report"
     plan = pipeline.Plan(run_id, stages=("figures",), n_bootstrap=200, report={"png": png})
     try:
-        result = pipeline.run_plans(Store(out), [plan]).reports[run_id]
+        result = pipeline.run_plans(Store(out), [plan], figures=figures_stage).reports[run_id]
     except (InputError, ThresholdsError) as exc:
         console.print(f"[yellow]report not written:[/yellow] {exc}")
         return None

@@ -7,7 +7,8 @@ A collected run becomes analysed by five stages, always in this order::
 ``estimate`` fills the ceiling tables (:mod:`dspark_obs.estimators.ceiling`),
 ``calibrate`` the calibration table once per label kind, ``costmodel`` the
 fitted cost table and its error, ``replay`` the schedule replay, and
-``figures`` the report (every chart and verdict, :mod:`dspark_obs.report`).
+``figures`` the report (every chart and verdict, :mod:`dspark_obs.report`, which
+hands its builder in: the report runs the stages a run lacks through this module).
 
 Why one module: the demo, the report (a store that was only collected),
 the dashboard's sample data and the CLI all run these stages; each used to
@@ -22,10 +23,9 @@ nothing itself.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
-__all__ = ["STAGES", "LABEL_KINDS", "Plan", "Outcome", "run_plans", "run_plan", "demo_plans", "store_root"]
+__all__ = ["STAGES", "LABEL_KINDS", "Plan", "Outcome", "run_plans", "run_plan", "demo_plans"]
 
 STAGES = ("estimate", "calibrate", "costmodel", "replay", "figures")
 """Every stage, in the order they run (a later stage reads what an earlier one wrote)."""
@@ -82,15 +82,10 @@ class Plan:
         return ((self.run,),) + (((self.run, self.companion),) if self.companion else ())
 
 
-def store_root(store) -> str | Path:
-    """What :func:`dspark_obs.sql.connect` takes for a store: its directory, or its URL (with the options)."""
-    return getattr(store, "url", None) or store.root
-
-
 def _connect(store):
     from dspark_obs import sql as sqlmod  # at call time: DuckDB's import is start-up cost for every command
 
-    return sqlmod.connect(store_root(store))
+    return sqlmod.connect(store.location)
 
 
 def _has_rows(store, table: str, run: str) -> bool:
@@ -158,22 +153,8 @@ def _replay(store, plan: Plan, notes: list[str]) -> None:
     notes.append(f"{plan.run}: replayed the schedule (dspark-obs replay)")
 
 
-def _figures(store, plan: Plan, notes: list[str]):
-    """The report of the run: every chart and verdict; returns the report's result."""
-    from dspark_obs.report import ReportOptions, build_report  # at call time: the report imports every section
-
-    root = store_root(store)
-    data = root if "://" in str(root) else Path(root)
-    options = {"data": data, "out": Path(str(root)) / "report", "runs": [plan.run], "n_bootstrap": plan.n_bootstrap,
-               **plan.report}
-    result = build_report(ReportOptions(**options))
-    notes.append(f"{plan.run}: wrote the report to {options['out']} (dspark-obs report)")
-    return result
-
-
-_RUNNERS: dict[str, Callable[[Any, Plan, list[str]], Any]] = {
+_RUNNERS: dict[str, Callable[[Any, Plan, list[str]], None]] = {
     "estimate": _estimate, "calibrate": _calibrate, "costmodel": _costmodel, "replay": _replay,
-    "figures": _figures,
 }
 
 
@@ -185,7 +166,8 @@ class Outcome:
     reports: dict[str, Any] = field(default_factory=dict)
 
 
-def run_plans(store, plans: Sequence[Plan], *, progress: Callable[[str, str], None] | None = None) -> Outcome:
+def run_plans(store, plans: Sequence[Plan], *, figures: Callable[[Any, Plan], Any] | None = None,
+              progress: Callable[[str, str], None] | None = None) -> Outcome:
     """Run every plan's stages on ``store``, stage by stage in :data:`STAGES` order (all runs' estimates first).
 
     Stage-major, so a stage of one run can read what an earlier stage wrote for
@@ -193,23 +175,30 @@ def run_plans(store, plans: Sequence[Plan], *, progress: Callable[[str, str], No
     ``tolerate_errors`` a stage's data error (too few steps, no such run)
     becomes a note; calibrate and costmodel note per label kind and per pool.
     ``progress(stage, run)`` is called before each stage.
+
+    ``figures(store, plan)`` draws the ``figures`` stage:
+    :func:`dspark_obs.report.figures_stage`, handed in because the report sits
+    above this module (it runs the stages a run lacks through it).
     """
     out = Outcome()
+
+    def draw(store, plan: Plan, notes: list[str]) -> None:
+        if figures is None:
+            raise ValueError("the figures stage draws the report: pass figures=dspark_obs.report.figures_stage")
+        out.reports[plan.run] = figures(store, plan)
+        notes.append(f"{plan.run}: wrote the report (dspark-obs report)")
+
+    runners = {**_RUNNERS, "figures": draw}
     for stage in STAGES:
-        for plan in plans:
-            if stage not in plan.stages:
-                continue
+        for plan in (p for p in plans if stage in p.stages):
             if progress is not None:
                 progress(stage, plan.run)
             try:
-                result = _RUNNERS[stage](store, plan, out.notes)
+                runners[stage](store, plan, out.notes)
             except (ValueError, LookupError) as exc:
                 if not plan.tolerate_errors or stage != "estimate":
                     raise
                 out.notes.append(f"{plan.run}: ceiling estimate unavailable: {exc}")
-                continue
-            if stage == "figures":
-                out.reports[plan.run] = result
     return out
 
 

@@ -26,6 +26,7 @@ import duckdb
 import pyarrow as pa
 
 from dspark_obs import quarantine, schema
+from dspark_obs.sql_statements import check_statement
 from dspark_obs.store import PART_GLOB, Store, is_url
 
 __all__ = [
@@ -327,8 +328,6 @@ def query(
     statement = statements[0]
     kind = statement.type.name
     if _variable(con, _READ_ONLY_VAR):
-        from dspark_obs.sql_readonly import check_statement
-
         check_statement(statement)  # on DuckDB's parse, never on the text
     if is_canned:  # a default the text no longer uses would be a DuckDB error
         unknown = set(params) - statement.named_parameters

@@ -164,7 +164,8 @@ class Store:
             text = str(root)
             self.root = Path(urlsplit(text).path if text.startswith("file://") else root)
             self.fs, self.base = pafs.LocalFileSystem(), self.root.resolve().as_posix()
-            self.writer_id = None if writer_id is None and layout == "flat" else checked_writer_id(writer_id)
+            # a local flat store's names carry no writer (one writer per directory); the fleet layout's do
+            self.writer_id = checked_writer_id(writer_id) if layout == "fleet" else None
         else:
             self.url = str(root)  # only an object store has a URL (callers tell the two apart by it)
             if filesystem is None:

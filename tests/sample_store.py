@@ -68,8 +68,10 @@ def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int
             SAMPLE_SWEEP, concurrency=(1, 2, 4, 8, 16, 32), min_requests=4, requests_per_slot=1,
             max_new_tokens=32, seed=seed))
     if report:
+        from dspark_obs.report import figures_stage
+
         pipeline.run_plans(store, [pipeline.Plan(compact, stages=("figures",), n_bootstrap=bootstrap,
-                                                 report={"png": False})])
+                                                 report={"png": False})], figures=figures_stage)
     (root / _DONE).write_text("ok\n")
     return root
 

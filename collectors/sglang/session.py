@@ -204,6 +204,11 @@ class Collector(PollingMixin):
     # -- the run row -------------------------------------------------------------
 
     async def _start_run(self, client: httpx.AsyncClient) -> None:
+        """Read ``/server_info`` once, check the server, set the cursor's start and open (or resume) the run's row.
+
+        Long: the run's row gathers what the first body says (mode, gamma, DP ranks, held records, labels)
+        and is written once, after the checks, in the order a failure is reported.
+        """
         try:
             resp = await client.get("/server_info")
             resp.raise_for_status()
@@ -372,6 +377,9 @@ class Collector(PollingMixin):
         ``server_exit`` (launch mode) resolves to the child's exit code;
         ``before_close`` runs after the last poll and before the final flush
         (launch mode stops the child there) and may return labels for the run.
+
+        Long: the poll, write and drive tasks are started, watched and torn down in one frame, so every
+        exit path (done, duration, stop, server exit, error) closes the run the same way.
         """
         t0 = time.monotonic()
         self.metrics.health.on_collect_start(t0)

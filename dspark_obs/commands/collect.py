@@ -65,9 +65,10 @@ def collect(
     Exit codes: 0 the run ended (completed, or stopped by a signal) with every loss a row in gaps;
     1 the run ended in error, rows could not be written or every request failed (the run is closed
     with the reason); 2 it could not start (options, server, an existing run without --resume).
+    \f
+    Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
+    form feed); the body only checks them and calls the library.
     """
-    from dspark_obs.store import open_store
-    from collectors.sglang.driver import DriveSpec
     from collectors.sglang.session import CollectOptions
     from dspark_obs.store import validate_run_id
 
@@ -79,54 +80,19 @@ def collect(
     if not server_command and not url:
         _fail("give --url (attach mode) or a server command after '--' (launch mode), e.g. "
               "dspark-obs collect --out data -- python -m sglang.launch_server --port 30000 ...")
-    drive = None
-    if workload and duration is not None:
-        _fail(f"--duration {duration:g} does nothing with --workload: a driven run ends when its --requests "
-              "are done; drop --duration, or drop --workload to collect for a fixed time")
-    if not workload and (requests is not None or concurrency is not None):
-        flag = "--requests" if requests is not None else "--concurrency"
-        _fail(f"{flag} does nothing without --workload (this run only observes the server's traffic); "
-              "add --workload gsm8k,poetry to drive requests, or drop it")
-    requests = 90 if requests is None else requests
-    concurrency = 32 if concurrency is None else concurrency
-    if workload:
-        names = [w.strip() for w in workload.split(",") if w.strip()]
-        try:
-            drive = DriveSpec(names, requests, concurrency=concurrency, temperature=temperature,
-                              max_new_tokens=max_new_tokens, seed=seed, redact_text=redact_text, api=api,
-                              retries=request_retries)
-        except ValueError as exc:
-            _fail(f"--api: {exc}")
+    drive, requests, concurrency = _drive_spec(workload, duration, requests, concurrency, temperature=temperature,
+                                               max_new_tokens=max_new_tokens, seed=seed, redact_text=redact_text,
+                                               api=api, retries=request_retries)
     if poll_interval <= 0 or flush_interval <= 0 or max_buffer_mb <= 0 or poll_timeout <= 0:
         _fail("--poll-interval, --poll-timeout, --flush-interval and --max-buffer-mb must be > 0")
-    local_out = Path(out[len("file://"):] if out.startswith("file://") else out)
-    if "://" not in out or out.startswith("file://"):
-        if local_out.exists() and not local_out.is_dir():
-            _fail(f"--out {out} is a file, not a directory; give a directory for the store (created if missing)")
-        try:
-            local_out.mkdir(parents=True, exist_ok=True)
-        except OSError as exc:
-            _fail(f"--out {out}: cannot create the store directory: {exc}")
-    try:
-        store = open_store(out, writer_id=writer_id, layout=layout)
-    except (ValueError, OSError) as exc:
-        _fail(f"--out {out}: {exc}")
+    store = _open_out(out, writer_id=writer_id, layout=layout)
     opts = CollectOptions(url=(url or "").rstrip("/"), run_id=run_id or _default_run_id("run"),
                           poll_interval=poll_interval, clear_at=clear_at, flush_interval=flush_interval,
                           duration=duration, drive=drive, labels=_parse_labels(label),
                           max_buffer_bytes=int(max_buffer_mb * (1 << 20)), redact_text=redact_text,
                           resume=resume, include_held=include_held, poll_timeout=poll_timeout,
                           keep_token_ids=keep_token_ids, request_log=str(request_log) if request_log else None)
-    fit = None
-    if ceiling_fit is not None:
-        from dspark_obs.estimators.ceiling_fit import CeilingFit
-
-        if metrics_port is None:
-            _fail("--ceiling-fit feeds the live ceiling of the sidecar's metrics: give --metrics-port too")
-        try:
-            fit = CeilingFit.load(ceiling_fit)
-        except ValueError as exc:
-            _fail(f"--ceiling-fit {exc}")
+    fit = _ceiling_fit(ceiling_fit, metrics_port)
     launch = None
     if server_command:
         from collectors.sglang.launcher import LaunchSpec
@@ -145,6 +111,62 @@ def collect(
                              metrics_port=metrics_port, metrics_host=metrics_host, launch=launch, ceiling_fit=fit)
     _print_summary(summary, out)
     _exit_for(summary)
+
+
+def _drive_spec(workload: Optional[str], duration: Optional[float], requests: Optional[int],
+                concurrency: Optional[int], **spec):
+    """``(DriveSpec or None, requests, concurrency)`` for ``--workload`` and its options; a clear error when an
+    option does nothing without the others."""
+    from collectors.sglang.driver import DriveSpec  # at call time: the driver imports httpx (CLI start-up)
+
+    if workload and duration is not None:
+        _fail(f"--duration {duration:g} does nothing with --workload: a driven run ends when its --requests "
+              "are done; drop --duration, or drop --workload to collect for a fixed time")
+    if not workload and (requests is not None or concurrency is not None):
+        flag = "--requests" if requests is not None else "--concurrency"
+        _fail(f"{flag} does nothing without --workload (this run only observes the server's traffic); "
+              "add --workload gsm8k,poetry to drive requests, or drop it")
+    requests = 90 if requests is None else requests
+    concurrency = 32 if concurrency is None else concurrency
+    if not workload:
+        return None, requests, concurrency
+    names = [w.strip() for w in workload.split(",") if w.strip()]
+    try:
+        return DriveSpec(names, requests, concurrency=concurrency, **spec), requests, concurrency
+    except ValueError as exc:
+        _fail(f"--api: {exc}")
+
+
+def _open_out(out: str, *, writer_id: Optional[str], layout: str):
+    """The store behind ``--out``; a local directory is created if missing (a file there is an error)."""
+    from dspark_obs.store import is_url, open_store  # at call time: the store imports pyarrow (CLI start-up)
+
+    if not is_url(out):
+        local_out = Path(out[len("file://"):] if out.startswith("file://") else out)
+        if local_out.exists() and not local_out.is_dir():
+            _fail(f"--out {out} is a file, not a directory; give a directory for the store (created if missing)")
+        try:
+            local_out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _fail(f"--out {out}: cannot create the store directory: {exc}")
+    try:
+        return open_store(out, writer_id=writer_id, layout=layout)
+    except (ValueError, OSError) as exc:
+        _fail(f"--out {out}: {exc}")
+
+
+def _ceiling_fit(path: Optional[Path], metrics_port: Optional[int]):
+    """``--ceiling-fit``'s fit (None without it); it needs ``--metrics-port``."""
+    if path is None:
+        return None
+    from dspark_obs.estimators.ceiling_fit import CeilingFit  # at call time: numpy and scipy (CLI start-up)
+
+    if metrics_port is None:
+        _fail("--ceiling-fit feeds the live ceiling of the sidecar's metrics: give --metrics-port too")
+    try:
+        return CeilingFit.load(path)
+    except ValueError as exc:
+        _fail(f"--ceiling-fit {exc}")
 
 
 def _exit_for(summary) -> None:
@@ -215,7 +237,10 @@ def run_collector(store, opts, total_requests: Optional[int], *, metrics_port: O
 
 
 async def launch_and_collect(store, opts, spec, on_progress, metrics):
-    """Launch mode: child up, healthy, collect, forward the signal, import the estimator JSONL."""
+    """Launch mode: child up, healthy, collect, forward the signal, import the estimator JSONL.
+
+    Long: the signal handlers must cover every await from the launch to the shutdown in one frame.
+    """
     import asyncio
 
     from collectors.sglang.launcher import ChildServer

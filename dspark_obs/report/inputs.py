@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from dspark_obs import pipeline
 from dspark_obs.store import PART_GLOB, Store
 
 __all__ = ["InputError", "RunInfo", "Selection", "parse_duration", "connect", "read_runs", "select_runs",
@@ -241,8 +242,6 @@ def ensure_stages(store: Store, run: RunInfo, *, companion: str | None, n_bootst
     (e.g. too few steps for a cost-model fit) become notes: the report shows that section as unavailable
     instead of failing.  ``engine`` (a RayEngine) runs the ceiling and calibration stages on Ray.
     """
-    from dspark_obs import pipeline
-
     plan = pipeline.Plan(run.run_id, companion=companion, mode=run.mode, stages=("estimate", "calibrate", "costmodel"),
                          n_bootstrap=n_bootstrap, seed=seed, only_missing=not force, tolerate_errors=True,
                          engine=engine)
