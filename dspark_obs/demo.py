@@ -52,25 +52,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
     suffix = f"s{seed}" if model is None else f"{model}-s{seed}"
     runs = {"compact": f"demo-compact-{suffix}", "cap-accept": f"demo-cap-accept-{suffix}"}
     for mode, run_id in runs.items():
-        for table in store.tables():  # a re-run of the demo replaces its own runs
-            store.drop_run(table, run_id)
-        with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency, lockstep_wait_s=1.0,
-                              startup_timeout=60.0 if model is None else 600.0, **server_opts) as server:
-            console.print(f"[bold]{mode}[/bold]: emulator on {server.url}, collecting run {run_id} "
-                          f"({n_requests} requests, concurrency {concurrency})")
-            if mode == "compact":
-                summary = collect(store, CollectOptions(
-                    url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0, drive=spec,
-                    labels={"demo": "1", **server_opts}, planned=planned))
-            else:  # the companion: the compact run's requests replayed (dspark-obs companion)
-                report = run_companion(store, CompanionOptions(
-                    of=runs["compact"], url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0,
-                    labels={"demo": "1"}))
-                summary = report.collect
-        console.print(f"  {summary.steps} steps, {summary.step_reqs} request-steps, "
-                      f"{summary.requests} requests, {summary.gaps} gaps")
-        if mode == "cap-accept":
-            console.print(f"  {format_summary(report.summary)}")
+        _collect_run(store, mode, run_id, of=runs["compact"], spec=spec, planned=planned, seed=seed,
+                     server_opts=server_opts, console=console)
     _print_windows(store, console, fmt)
     analyse(store, runs["compact"], runs["cap-accept"], console=console, fmt=fmt)
     if sweep:
@@ -93,6 +76,31 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
         console.print("serving the dashboard on http://127.0.0.1:8501 (Ctrl-C to stop)")
         _serve(out, "127.0.0.1", 8501, console=console)
     return runs
+
+
+def _collect_run(store: Store, mode: str, run_id: str, *, of: str, spec: DriveSpec, planned, seed: int,
+                 server_opts: dict, console: Console) -> None:
+    """One of the demo's runs on its own emulator: the compact run driven, or its companion replayed."""
+    n_requests, concurrency, model = spec.requests, spec.concurrency, server_opts.get("model")
+    for table in store.tables():  # a re-run of the demo replaces its own runs
+        store.drop_run(table, run_id)
+    with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency, lockstep_wait_s=1.0,
+                          startup_timeout=60.0 if model is None else 600.0, **server_opts) as server:
+        console.print(f"[bold]{mode}[/bold]: emulator on {server.url}, collecting run {run_id} "
+                      f"({n_requests} requests, concurrency {concurrency})")
+        if mode == "compact":
+            summary = collect(store, CollectOptions(
+                url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0, drive=spec,
+                labels={"demo": "1", **server_opts}, planned=planned))
+        else:  # the companion: the compact run's requests replayed (dspark-obs companion)
+            report = run_companion(store, CompanionOptions(
+                of=of, url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0,
+                labels={"demo": "1"}))
+            summary = report.collect
+    console.print(f"  {summary.steps} steps, {summary.step_reqs} request-steps, "
+                  f"{summary.requests} requests, {summary.gaps} gaps")
+    if mode == "cap-accept":
+        console.print(f"  {format_summary(report.summary)}")
 
 
 def demo_sweep(out: Path, *, quick: bool, seed: int, console: Console) -> str:

@@ -204,11 +204,7 @@ class Collector(PollingMixin):
     # -- the run row -------------------------------------------------------------
 
     async def _start_run(self, client: httpx.AsyncClient) -> None:
-        """Read ``/server_info`` once, check the server, set the cursor's start and open (or resume) the run's row.
-
-        Long: the run's row gathers what the first body says (mode, gamma, DP ranks, held records, labels)
-        and is written once, after the checks, in the order a failure is reported.
-        """
+        """Check the first ``/server_info``, start the cursor, open the run's row. Long: one row from one body."""
         try:
             resp = await client.get("/server_info")
             resp.raise_for_status()
@@ -377,9 +373,7 @@ class Collector(PollingMixin):
         ``server_exit`` (launch mode) resolves to the child's exit code;
         ``before_close`` runs after the last poll and before the final flush
         (launch mode stops the child there) and may return labels for the run.
-
-        Long: the poll, write and drive tasks are started, watched and torn down in one frame, so every
-        exit path (done, duration, stop, server exit, error) closes the run the same way.
+        Long: its tasks start and stop in one frame, so every exit path closes the run the same way.
         """
         t0 = time.monotonic()
         self.metrics.health.on_collect_start(t0)
