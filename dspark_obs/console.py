@@ -127,3 +127,22 @@ def in_range(lo: Optional[float] = None, hi: Optional[float] = None, what: str =
             raise typer.BadParameter(f"{value:g} is not in the range {bounds}{f' ({what})' if what else ''}")
         return value
     return check
+
+
+def default_run_id(prefix: str) -> str:
+    """``PREFIX-YYYYmmddTHHMMSS`` (UTC): the run id a command picks when none is given."""
+    import datetime as dt
+
+    return f"{prefix}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}"
+
+
+def parse_labels(labels: list[str], flag: str = "--label") -> dict[str, str]:
+    """``KEY=VALUE`` options (``--label``, ``--param``) as a dict; a one-line error naming the flag otherwise."""
+    out = {}
+    for item in labels:
+        if "=" not in item:
+            fail(f"{flag} expects {'NAME' if flag == '--param' else 'KEY'}=VALUE, got {item!r}; "
+                 f"e.g. {flag} {'run=demo-compact-s0' if flag == '--param' else 'team=infra'}")
+        k, v = item.split("=", 1)
+        out[k] = v
+    return out

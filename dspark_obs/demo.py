@@ -17,10 +17,11 @@ from rich.table import Table
 
 from collectors.sglang.driver import DriveSpec
 from collectors.sglang.session import CollectOptions, collect
+from dspark_obs import pipeline
 from dspark_obs import sql as sqlmod
 from dspark_obs.console import print_table
 from dspark_obs.commands.companion import CompanionOptions, format_summary, run_companion
-from dspark_obs.emulator.server import SubprocessServer
+from dspark_obs.emulator.subprocess_server import SubprocessServer
 from dspark_obs.store import Store
 
 WORKLOADS = ["gsm8k", "arena-hard", "poetry"]
@@ -51,25 +52,8 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
     suffix = f"s{seed}" if model is None else f"{model}-s{seed}"
     runs = {"compact": f"demo-compact-{suffix}", "cap-accept": f"demo-cap-accept-{suffix}"}
     for mode, run_id in runs.items():
-        for table in store.tables():  # a re-run of the demo replaces its own runs
-            store.drop_run(table, run_id)
-        with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency, lockstep_wait_s=1.0,
-                              startup_timeout=60.0 if model is None else 600.0, **server_opts) as server:
-            console.print(f"[bold]{mode}[/bold]: emulator on {server.url}, collecting run {run_id} "
-                          f"({n_requests} requests, concurrency {concurrency})")
-            if mode == "compact":
-                summary = collect(store, CollectOptions(
-                    url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0, drive=spec,
-                    labels={"demo": "1", **server_opts}, planned=planned))
-            else:  # the companion: the compact run's requests replayed (dspark-obs companion)
-                report = run_companion(store, CompanionOptions(
-                    of=runs["compact"], url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0,
-                    labels={"demo": "1"}))
-                summary = report.collect
-        console.print(f"  {summary.steps} steps, {summary.step_reqs} request-steps, "
-                      f"{summary.requests} requests, {summary.gaps} gaps")
-        if mode == "cap-accept":
-            console.print(f"  {format_summary(report.summary)}")
+        _collect_run(store, mode, run_id, of=runs["compact"], spec=spec, planned=planned, seed=seed,
+                     server_opts=server_opts, console=console)
     _print_windows(store, console, fmt)
     analyse(store, runs["compact"], runs["cap-accept"], console=console, fmt=fmt)
     if sweep:
@@ -92,6 +76,31 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
         console.print("serving the dashboard on http://127.0.0.1:8501 (Ctrl-C to stop)")
         _serve(out, "127.0.0.1", 8501, console=console)
     return runs
+
+
+def _collect_run(store: Store, mode: str, run_id: str, *, of: str, spec: DriveSpec, planned, seed: int,
+                 server_opts: dict, console: Console) -> None:
+    """One of the demo's runs on its own emulator: the compact run driven, or its companion replayed."""
+    n_requests, concurrency, model = spec.requests, spec.concurrency, server_opts.get("model")
+    for table in store.tables():  # a re-run of the demo replaces its own runs
+        store.drop_run(table, run_id)
+    with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency, lockstep_wait_s=1.0,
+                          startup_timeout=60.0 if model is None else 600.0, **server_opts) as server:
+        console.print(f"[bold]{mode}[/bold]: emulator on {server.url}, collecting run {run_id} "
+                      f"({n_requests} requests, concurrency {concurrency})")
+        if mode == "compact":
+            summary = collect(store, CollectOptions(
+                url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0, drive=spec,
+                labels={"demo": "1", **server_opts}, planned=planned))
+        else:  # the companion: the compact run's requests replayed (dspark-obs companion)
+            report = run_companion(store, CompanionOptions(
+                of=of, url=server.url, run_id=run_id, poll_interval=0.25, flush_interval=2.0,
+                labels={"demo": "1"}))
+            summary = report.collect
+    console.print(f"  {summary.steps} steps, {summary.step_reqs} request-steps, "
+                  f"{summary.requests} requests, {summary.gaps} gaps")
+    if mode == "cap-accept":
+        console.print(f"  {format_summary(report.summary)}")
 
 
 def demo_sweep(out: Path, *, quick: bool, seed: int, console: Console) -> str:
@@ -120,17 +129,10 @@ def _model_requests(n: int, *, max_new_tokens: int, seed: int) -> list:
 
 
 def analyse(store: Store, compact: str, companion: str, *, console: Console, fmt: str = "table") -> None:
-    """Run the estimator stages on a compact run and its companion; print what they found."""
-    from dspark_obs.estimators import calibration, ceiling, costmodel, replay
-
+    """Run the estimator stages (:mod:`dspark_obs.pipeline`) on a compact run and its companion; print what
+    they found."""
     console.print("estimating the hidden ceiling, calibration, the cost model and schedule replay ...")
-    ceiling.estimate_run(store, compact, companion=companion, n_bootstrap=200)
-    ceiling.estimate_run(store, companion, n_bootstrap=200)
-    for labels in ("observed", "reconstructed", "companion"):
-        calibration.calibrate_run(store, compact, labels=labels, companion=companion, n_bootstrap=200)
-    con = sqlmod.connect(store.root)
-    costmodel.write_results(store, costmodel.fit_runs(con, [compact, companion]))
-    replay.write_results(store, replay.replay_run(con, compact))
+    pipeline.run_plans(store, pipeline.demo_plans(compact, companion, n_bootstrap=200))
     con = sqlmod.connect(store.root)
     rows = con.execute("""
         SELECT s.workload, s.mean_acc_len, s.ceiling_len_mid, s.ceiling_len_lo, s.ceiling_len_hi,
@@ -171,12 +173,17 @@ def _print_windows(store: Store, console: Console, fmt: str = "table") -> None:
 
 
 def write_report(out: Path, run_id: str, *, png: bool, console: Console) -> Path | None:
-    """Write the nightly report of ``run_id`` (its companion goes with it) to ``<out>/report``; print where."""
-    from dspark_obs.report import InputError, ReportOptions, ThresholdsError, build_report
+    """Write the nightly report of ``run_id`` (its companion goes with it) to ``<out>/report``; print where.
+
+    The pipeline's ``figures`` stage; an input or thresholds error is printed, not raised (the demo's data
+    is in the store either way).
+    """
+    from dspark_obs.report import InputError, ThresholdsError, figures_stage
 
     target = Path(out) / "report"
+    plan = pipeline.Plan(run_id, stages=("figures",), n_bootstrap=200, report={"png": png})
     try:
-        result = build_report(ReportOptions(data=Path(out), out=target, runs=[run_id], png=png, n_bootstrap=200))
+        result = pipeline.run_plans(Store(out), [plan], figures=figures_stage).reports[run_id]
     except (InputError, ThresholdsError) as exc:
         console.print(f"[yellow]report not written:[/yellow] {exc}")
         return None

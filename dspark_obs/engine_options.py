@@ -66,7 +66,7 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs
 
 def data_root(data: str) -> Union[str, Path]:
     """``--data`` as the store's root: an object-store URL as given, else an existing directory."""
-    from dspark_obs.objstore import is_url
+    from dspark_obs.store import is_url
 
     if is_url(data):
         return data

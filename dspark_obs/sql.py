@@ -25,8 +25,9 @@ import functools
 import duckdb
 import pyarrow as pa
 
-from dspark_obs import schema
-from dspark_obs.store import PART_GLOB
+from dspark_obs import quarantine, schema
+from dspark_obs.sql_statements import check_statement
+from dspark_obs.store import PART_GLOB, Store, is_url
 
 __all__ = [
     "QueryTimeout", "connect", "refresh", "canned_queries", "query", "format_result", "quote_ident",
@@ -80,9 +81,7 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     goes through :func:`dspark_obs.sql_readonly.run`, whose engine cannot reach
     any file.  ``quarantined_files`` lists part files moved aside as unreadable.
     """
-    from dspark_obs import objstore
-
-    remote = objstore.is_url(str(root))
+    remote = is_url(root)
     if remote:  # s3://bucket/prefix?...: read through pyarrow's filesystem, no DuckDB extension
         store = _object_store(str(root))
         root_text = store.root
@@ -94,7 +93,7 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     con = duckdb.connect(":memory:", config={"threads": WORKER_THREADS} if WORKER_THREADS else {})
     con.execute("SET TimeZone = 'UTC'")  # the store is UTC; show it so on every machine
     if remote:
-        con.register_filesystem(objstore.fsspec_filesystem(store))
+        con.register_filesystem(fsspec_filesystem(store))
     con.execute(f"SET VARIABLE {_ROOT_VAR} = {_quote_literal(str(root) if remote else root_text)}")
     con.execute(f"SET VARIABLE {_FILLED_VAR} = []::VARCHAR[]")
     con.execute(f"SET VARIABLE {_FLEET_VAR} = ''")
@@ -111,12 +110,10 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
 
 def root_of(con: duckdb.DuckDBPyConnection) -> Path | str | None:
     """The data root a connection from :func:`connect` reads (a URL for object stores), or None."""
-    from dspark_obs import objstore
-
     root = _variable(con, _ROOT_VAR)
     if root is None:
         return None
-    return root if objstore.is_url(root) else Path(root)
+    return root if is_url(root) else Path(root)
 
 
 def connection_and_store(con_or_store):
@@ -125,36 +122,38 @@ def connection_and_store(con_or_store):
     Estimators accept any of the three; they read through the connection and
     write their result tables through the store.
     """
-    from dspark_obs.objstore import ObjectStore, open_store
-    from dspark_obs.store import Store
-
     if isinstance(con_or_store, Store):
-        return connect(con_or_store.root), con_or_store
-    if isinstance(con_or_store, ObjectStore):
-        return connect(con_or_store.url), con_or_store
+        return connect(con_or_store.location), con_or_store
     if isinstance(con_or_store, (str, Path)):
-        return connect(con_or_store), open_store(con_or_store)
+        return connect(con_or_store), Store(con_or_store)
     root = root_of(con_or_store)
     if root is None:
         raise TypeError("expected a Store, a data root, or a connection from dspark_obs.sql.connect")
     refresh(con_or_store)  # a caller's connection may predate files written since
-    return con_or_store, open_store(root)
+    return con_or_store, Store(root)
 
 
 @functools.lru_cache(maxsize=16)
-def _object_store(url: str):
-    from dspark_obs.objstore import ObjectStore
+def _object_store(url: str) -> Store:
+    """One Store per object-store URL (its filesystem holds the connection)."""
+    return Store(url)
 
-    return ObjectStore(url)
+
+def fsspec_filesystem(store: Store):
+    """An object store's pyarrow filesystem as fsspec, for ``duckdb.register_filesystem``."""
+    from fsspec.implementations.arrow import ArrowFSWrapper  # at call time: only object stores need fsspec
+
+    class _Wrapper(ArrowFSWrapper):
+        protocol = store.scheme
+
+    return _Wrapper(store.fs)
 
 
 def _tables_with_files(root: str) -> set[str]:
     """Tables with part files in the old (flat) layout: directly under ``run_id=<id>/``."""
-    from dspark_obs import objstore
-
-    if objstore.is_url(root):
+    if is_url(root):
         store = _object_store(root)
-        return {t for t in schema.TABLES if store._flat_files(t, None)}
+        return {t for t in schema.TABLES if store.part_files(t, fleet_layout=False)}
     base = Path(root)
     return {t for t in schema.TABLES if next(base.glob(f"{t}/*/{PART_GLOB}"), None) is not None}
 
@@ -163,9 +162,9 @@ def _fleet_state(root: str) -> tuple[str, dict[str, list[str]]]:
     """The fleet layout's manifest fingerprint and committed files per table, as DuckDB paths."""
     import pyarrow.fs as pafs
 
-    from dspark_obs import fleet, objstore
+    from dspark_obs import fleet
 
-    if objstore.is_url(root):
+    if is_url(root):
         store = _object_store(root)
         fs, base, prefix = store.fs, store.base, f"{store.scheme}://"
     else:
@@ -185,14 +184,10 @@ def refresh(con: duckdb.DuckDBPyConnection) -> None:
     Cheap when nothing changed (one directory probe per table); a no-op on a
     connection not made by :func:`connect`.
     """
-    from dspark_obs import objstore
-
-    from dspark_obs import quarantine
-
     root = _variable(con, _ROOT_VAR)
     if root is None:
         return
-    if not objstore.is_url(root):
+    if not is_url(root):
         moved = quarantine.sweep(root)  # one truncated file must not fail the whole view
         if moved or "quarantined_files" not in _views(con):
             con.register("_dspark_obs_quarantine", quarantine.listing(root))
@@ -202,7 +197,7 @@ def refresh(con: duckdb.DuckDBPyConnection) -> None:
     now_filled = _tables_with_files(root)
     fingerprint, fleet_files = _fleet_state(root)
     fleet_changed = fingerprint != (_variable(con, _FLEET_VAR) or "")
-    if objstore.is_url(root):
+    if is_url(root):
         root = _object_store(root).root
     changed = [t for t in schema.TABLES if (t in now_filled) != (t in filled) or t not in views or fleet_changed]
     for table in changed:
@@ -332,8 +327,6 @@ def query(
     statement = statements[0]
     kind = statement.type.name
     if _variable(con, _READ_ONLY_VAR):
-        from dspark_obs.sql_readonly import check_statement
-
         check_statement(statement)  # on DuckDB's parse, never on the text
     if is_canned:  # a default the text no longer uses would be a DuckDB error
         unknown = set(params) - statement.named_parameters

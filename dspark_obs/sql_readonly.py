@@ -37,100 +37,20 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from dspark_obs import schema
+from dspark_obs.sql_statements import ALLOWED_PRAGMAS, check_statement  # the second lock (see above)
 
 __all__ = ["open_connection", "check_statement", "run", "ALLOWED_PRAGMAS"]
 
-ALLOWED_PRAGMAS = frozenset({
-    "table_info", "show", "show_tables", "show_tables_expanded", "database_size", "version", "platform",
-    "functions", "collations",
-})
-"""Pragmas that only describe the catalogue; every other PRAGMA is refused."""
-
 _PARTITIONING = ds.partitioning(pa.schema([("run_id", pa.string())]), flavor="hive")
-_HOW = "the SQL console and `dspark-obs sql` are read-only; estimators write their tables through their own commands"
-
-
-def _tokens(text: str) -> list[tuple[int, str, Any]]:
-    """``(byte offset, text, token type)`` of each token, comments dropped."""
-    raw = text.encode()
-    tokens = duckdb.tokenize(text)
-    out = []
-    for i, (pos, kind) in enumerate(tokens):
-        end = tokens[i + 1][0] if i + 1 < len(tokens) else len(raw)
-        if kind != duckdb.token_type.comment:
-            out.append((pos, raw[pos:end].decode(errors="replace").strip(), kind))
-    return out
-
-
-def _explained(statement) -> str:
-    """The statement an EXPLAIN statement explains (its tail after EXPLAIN, ANALYZE and options)."""
-    text = statement.query
-    tokens = _tokens(text)
-    i = 0
-    if i < len(tokens) and tokens[i][1].upper() == "EXPLAIN":
-        i += 1
-    if i < len(tokens) and tokens[i][1] == "(":  # EXPLAIN (FORMAT json, ANALYZE) ...
-        depth = 0
-        while i < len(tokens):
-            depth += tokens[i][1].count("(") - tokens[i][1].count(")")
-            i += 1
-            if depth <= 0:
-                break
-    if i < len(tokens) and tokens[i][1].upper() == "ANALYZE":
-        i += 1
-    if i >= len(tokens):
-        return ""
-    return text.encode()[tokens[i][0]:].decode()
-
-
-def check_statement(statement) -> None:
-    """Raise PermissionError unless ``statement`` (from ``extract_statements``) only reads.
-
-    >>> check_statement(duckdb.extract_statements("EXPLAIN ANALYZE SELECT 1")[0])
-    >>> check_statement(duckdb.extract_statements("EXPLAIN ANALYZE COPY (SELECT 1) TO 'x'")[0])
-    Traceback (most recent call last):
-    ...
-    PermissionError: read-only: EXPLAIN of a COPY statement is refused ...
-    """
-    kind = statement.type.name
-    if kind == "SELECT":
-        return
-    if kind == "EXPLAIN":
-        tail = _explained(statement)
-        try:
-            inner = duckdb.extract_statements(tail) if tail.strip() else []
-        except duckdb.Error as exc:
-            raise PermissionError(f"read-only: could not parse what EXPLAIN explains ({exc}); "
-                                  "only EXPLAIN [ANALYZE] SELECT ... is allowed") from None
-        if len(inner) != 1 or inner[0].type.name != "SELECT":
-            what = inner[0].type.name if len(inner) == 1 else f"{len(inner)} statements"
-            raise PermissionError(f"read-only: EXPLAIN of a {what} statement is refused (EXPLAIN ANALYZE "
-                                  f"would execute it); only EXPLAIN [ANALYZE] SELECT ... is allowed; {_HOW}")
-        return
-    if kind == "PRAGMA":
-        tokens = _tokens(statement.query)
-        name = tokens[1][1].lower() if len(tokens) > 1 and tokens[0][1].upper() == "PRAGMA" else ""
-        if name in ALLOWED_PRAGMAS:
-            return
-        shown = name or statement.query.split(None, 1)[0].upper()
-        raise PermissionError(f"read-only: PRAGMA {shown!r} is refused; allowed: SELECT, EXPLAIN [ANALYZE] "
-                              f"SELECT, PRAGMA {', '.join(sorted(ALLOWED_PRAGMAS))}; {_HOW}")
-    raise PermissionError(f"read-only: {kind} statements are refused; allowed: SELECT, EXPLAIN [ANALYZE] "
-                          f"SELECT and catalogue PRAGMAs; {_HOW}")
 
 
 def _table_files(root: str | Path, table: str) -> tuple[list[str], Any, str]:
-    """``(files, pyarrow filesystem or None, base dir)`` of one table; ``runs``: the newest file per run."""
-    from dspark_obs import objstore
-    from dspark_obs.store import Store
+    """``(files, pyarrow filesystem, base dir)`` of one table; ``runs``: the newest file per run."""
+    from dspark_obs.sql import _object_store
+    from dspark_obs.store import Store, is_url
 
-    if objstore.is_url(str(root)):
-        from dspark_obs.sql import _object_store
-
-        store = _object_store(str(root))
-        return store._files(table, None), store.fs, f"{store.base}/{table}"
-    store = Store(root)
-    return [str(p) for p in store._part_files(table, None)], None, str(store.root / table)
+    store = _object_store(str(root)) if is_url(root) else Store(root)
+    return store.part_files(table), store.fs, f"{store.base}/{table}"
 
 
 def _dataset(root: str | Path, table: str) -> ds.Dataset | pa.Table:
@@ -151,10 +71,11 @@ def open_connection(root: str | Path) -> duckdb.DuckDBPyConnection:
     (one per table, ``step_reqs_w``, the table macros); they read the part files
     that exist now, through pyarrow.  Close it after one query (see :func:`run`).
     """
-    from dspark_obs import objstore, quarantine
+    from dspark_obs import quarantine
     from dspark_obs import sql as sqlmod
+    from dspark_obs.store import is_url
 
-    local = not objstore.is_url(str(root))
+    local = not is_url(root)
     if local:
         quarantine.sweep(root)  # a truncated file is moved aside, not fatal to the query
     con = duckdb.connect(":memory:")

@@ -1,45 +1,57 @@
 """The Parquet store: one data root, one directory per table, one partition per run.
 
-Layout::
+Layout, the same on a local directory and on an object store (``s3://bucket/prefix``)::
 
-    <root>/<table>/run_id=<id>/part-<utc-timestamp>-<8 hex>.parquet
+    <root>/<table>/run_id=<id>/part-<utc-timestamp>[-<writer id>]-<8 hex>.parquet
+
+One :class:`Store` over a pyarrow filesystem (``LocalFileSystem``, ``S3FileSystem``, ...), so
+every reader and writer is written once; ``Store(path_or_url)`` picks the filesystem.
 
 Why this shape:
 
 * Append-only part files let a collector write while a dashboard reads: a
-  reader lists files at query time and every file it can see is complete,
-  because a part file only appears under its final name after it was written
-  and fsynced under a hidden ``.<name>.tmp`` name (see :meth:`Store.write`).
+  reader lists files at query time and every file it can see is complete.
+  Locally a part file only appears under its final name after it was written
+  and fsynced under a hidden ``.<name>.tmp`` name (see :meth:`Store.write`); on
+  an object store an object appears only when its upload completes.
+* On an object store the writer id (default ``<host>.<pid>``) is in every file
+  name, so many sidecars write side by side without coordination: no two ever
+  write or delete the same key.  Names still sort by time first, so "newest
+  file wins" for ``runs`` holds across writers.
 * ``run_id`` lives in the directory name (hive partitioning), so DuckDB and
   pyarrow can prune runs without opening files.
 * Readers only look at ``part-*.parquet``; anything else (a ``.tmp`` left by a
-  crash, a stray file) is ignored.  A part file damaged after the fact is moved
-  to ``<root>/_quarantine/`` by the first reader that meets it
+  crash, a stray file) is ignored.  A local part file damaged after the fact is
+  moved to ``<root>/_quarantine/`` by the first reader that meets it
   (:mod:`dspark_obs.quarantine`), so it never fails the rest of the store.
+* Connection options of an object store go in the URL query, as pyarrow reads
+  them, e.g. ``s3://bucket/prefix?endpoint_override=127.0.0.1:9000&scheme=http``.
 
 The ``runs`` table holds one row per run; :meth:`Store.upsert_run` replaces it
-by writing a newer part file and deleting the older ones afterwards.  While
-both exist, readers keep the row of the newest file (names sort by time).
+by writing a newer part file and deleting the writer's older ones afterwards.
+While both exist, readers keep the row of the newest file (names sort by time).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import glob
 import hashlib
 import os
 import re
 import secrets
+import socket
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from dspark_obs import fleet, schema
+from dspark_obs import fleet, quarantine, schema
 
-__all__ = ["Store", "RUN_ID_PATTERN", "validate_run_id", "PART_GLOB"]
+__all__ = ["Store", "RUN_ID_PATTERN", "validate_run_id", "PART_GLOB", "is_url", "open_store", "checked_writer_id",
+           "default_writer_id"]
 
 RUN_ID_PATTERN = r"[A-Za-z0-9_.-]+"
 """Allowed run ids: safe as a directory name and as a hive partition value."""
@@ -47,8 +59,34 @@ PART_GLOB = "part-*.parquet"
 """The only file names readers consider (``.tmp`` and foreign files are skipped)."""
 
 _RUN_ID_RE = re.compile(RUN_ID_PATTERN)
+_WRITER_RE = re.compile(r"[A-Za-z0-9_.]+")
+_PART_RE = re.compile(r"part-[^/]*\.parquet")
 _PARTITIONING = ds.partitioning(pa.schema([("run_id", pa.string())]), flavor="hive")
 _TS_FORMAT = "%Y%m%dT%H%M%S%fZ"  # fixed width, so names sort chronologically
+
+
+def is_url(out: str | Path) -> bool:
+    """True for an object-store URL (``s3://``, ``gs://``, ...); a plain path or ``file://`` is local."""
+    scheme = urlsplit(str(out)).scheme
+    return len(scheme) > 1 and scheme != "file"
+
+
+def default_writer_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname()) or "host"
+    return f"{host}.{os.getpid()}"
+
+
+def checked_writer_id(writer_id: str | None) -> str:
+    """``writer_id`` (default ``<host>.<pid>``) if it is safe in a file name, else ValueError."""
+    writer_id = writer_id or default_writer_id()
+    if not _WRITER_RE.fullmatch(writer_id):
+        raise ValueError(f"writer id {writer_id!r}: use letters, digits, '_' and '.'")
+    return writer_id
+
+
+def open_store(out: str | Path, *, writer_id: str | None = None, layout: str = "flat") -> "Store":
+    """The store behind ``--out``: a local directory (or ``file://``) or an object-store URL."""
+    return Store(out, writer_id=writer_id, layout=layout)
 
 
 def validate_run_id(run_id: str) -> str:
@@ -66,9 +104,10 @@ def _read_schema(table: str) -> pa.Schema:
     return schema.schema_for(table).append(pa.field("run_id", pa.string(), nullable=False))
 
 
-def _part_name(now: _dt.datetime | None = None) -> str:
+def _part_name(writer_id: str | None, now: _dt.datetime | None = None) -> str:
     now = now or _dt.datetime.now(_dt.timezone.utc)
-    return f"part-{now.strftime(_TS_FORMAT)}-{secrets.token_hex(4)}.parquet"
+    writer = f"-{writer_id}" if writer_id else ""
+    return f"part-{now.strftime(_TS_FORMAT)}{writer}-{secrets.token_hex(4)}.parquet"
 
 
 def _name_time(name: str) -> _dt.datetime | None:
@@ -80,7 +119,7 @@ def _name_time(name: str) -> _dt.datetime | None:
         return None
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync_dir(path: str | Path) -> None:
     """Make a rename or a new entry in ``path`` durable (no-op where unsupported)."""
     try:
         fd = os.open(path, os.O_RDONLY)
@@ -94,8 +133,18 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _base_name(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
 class Store:
-    """Partitioned Parquet tables under one data root.
+    """Partitioned Parquet tables under one data root: a directory or an object-store URL.
+
+    ``fs`` and ``base`` are the pyarrow filesystem and the root's path on it;
+    every method below works through them, so a local store and an object store
+    share every reader and writer.  Only the commit differs: locally a
+    write-fsync-rename (and readers quarantine a damaged file), on an object
+    store one upload (an object appears whole).
 
     >>> import tempfile
     >>> store = Store(tempfile.mkdtemp())
@@ -105,31 +154,61 @@ class Store:
     0
     """
 
-    def __init__(self, root: str | Path, *, layout: str = "flat", writer_id: str | None = None) -> None:
-        self.root = Path(root)
+    def __init__(self, root: str | Path, *, layout: str = "flat", writer_id: str | None = None,
+                 filesystem: pafs.FileSystem | None = None) -> None:
         if layout not in fleet.LAYOUTS:
             raise ValueError(f"layout {layout!r} is not one of {', '.join(fleet.LAYOUTS)}")
         self.layout = layout
-        self._fleet = None
-        if layout == "fleet":
-            from dspark_obs.objstore import checked_writer_id
+        self.local = not is_url(root)
+        if self.local:
+            text = str(root)
+            self.root = Path(urlsplit(text).path if text.startswith("file://") else root)
+            self.fs, self.base = pafs.LocalFileSystem(), self.root.resolve().as_posix()
+            # a local flat store's names carry no writer (one writer per directory); the fleet layout's do
+            self.writer_id = checked_writer_id(writer_id) if layout == "fleet" else None
+        else:
+            self.url = str(root)  # only an object store has a URL (callers tell the two apart by it)
+            if filesystem is None:
+                filesystem, base = pafs.FileSystem.from_uri(self.url)
+            else:
+                base = urlsplit(self.url).netloc + urlsplit(self.url).path
+            self.fs, self.base = filesystem, base.rstrip("/")
+            self.scheme = urlsplit(self.url).scheme
+            self.root = f"{self.scheme}://{self.base}"
+            self.writer_id = checked_writer_id(writer_id)
+        self._fleet = (fleet.FleetWriter(self.fs, self.base, self.writer_id, atomic_rename=self.local)
+                       if layout == "fleet" else None)
 
-            self._fleet = fleet.FleetWriter(pafs.LocalFileSystem(), str(self.root.resolve()),
-                                            checked_writer_id(writer_id), atomic_rename=True)
+    @property
+    def location(self) -> str | Path:
+        """What :func:`dspark_obs.sql.connect` takes for this store: its directory, or its URL (with options)."""
+        return self.root if self.local else self.url
 
     def __repr__(self) -> str:
-        return f"Store({str(self.root)!r})"
+        if self.local:
+            return f"Store({str(self.root)!r})"
+        return f"Store({self.url!r}, writer_id={self.writer_id!r})"
+
+    def _partition(self, table: str, run_id: str) -> str:
+        return f"{self.base}/{table}/run_id={run_id}"
+
+    def _path(self, path: str) -> Path | str:
+        """A path on ``fs`` as callers see it: under :attr:`root` locally, the object's path otherwise."""
+        return self.root / path[len(self.base) + 1:] if self.local else path
+
+    def _name(self, now: _dt.datetime | None = None) -> str:
+        return _part_name(None if self.local else self.writer_id, now)
 
     # -- writing ---------------------------------------------------------
 
-    def write(self, table: str, run_id: str, rows: pa.Table | list[dict]) -> Path | None:
+    def write(self, table: str, run_id: str, rows: pa.Table | list[dict]) -> Path | str | None:
         """Append ``rows`` to ``table`` for ``run_id`` as one new part file.
 
         Rows are cast to ``schema.schema_for(table)``: missing nullable columns
         become null; an unknown column or a null in a required column is a
-        ValueError naming the columns.  The file is written under a hidden
-        temporary name, fsynced, renamed into place and the directory fsynced,
-        so a concurrent reader sees either no file or the whole file.
+        ValueError naming the columns.  Locally the file is written under a
+        hidden temporary name, fsynced, renamed into place and the directory
+        fsynced, so a concurrent reader sees either no file or the whole file.
 
         Returns the new file's path, or None when ``rows`` is empty (nothing
         is written).
@@ -139,45 +218,54 @@ class Store:
         if data.num_rows == 0:
             return None
         if self._fleet is not None and table in fleet.FLEET_TABLES:
-            return Path(self._fleet.write(table, run_id, data)[0])
-        return self._commit(table, run_id, data, _part_name())
+            return self._path(self._fleet.write(table, run_id, data)[0])
+        return self._path(self._commit(self._partition(table, run_id), data, self._name()))
 
-    def upsert_run(self, run_id: str, **fields) -> Path:
+    def upsert_run(self, run_id: str, **fields) -> Path | str:
         """Insert or update the single ``runs`` row of ``run_id``.
 
         ``fields`` are merged over the current row (if any), so a collector can
         set ``ended_at`` later without repeating the rest.  The new row goes to
-        a new part file; older part files of this run are deleted only after
-        the new one is committed, and readers prefer the newest file, so the
-        row is never missing or doubled for a reader.  Not safe against two
-        processes updating the same run at once (last writer wins).
+        a new part file; this writer's older part files of the run are deleted
+        only after the new one is committed, and readers prefer the newest file,
+        so the row is never missing or doubled for a reader.  Not safe against
+        two processes updating the same run of a local store at once (last
+        writer wins); on an object store each writer only deletes its own files.
         """
         validate_run_id(run_id)
-        partition = self.root / "runs" / f"run_id={run_id}"
         current = self.read("runs", run_id)
         row = current.drop_columns(["run_id"]).to_pylist()[-1] if current.num_rows else {}
         row.update(fields)
         data = _conform("runs", run_id, [row])
-        older = sorted(p.name for p in partition.glob(PART_GLOB)) if partition.is_dir() else []
+        partition = self._partition("runs", run_id)
+        older = [_base_name(p) for p in self._listing(partition) if _PART_RE.fullmatch(_base_name(p))]
+        if not self.local:
+            older = [n for n in older if f"-{self.writer_id}-" in n]
         now = _dt.datetime.now(_dt.timezone.utc)
         latest = max(filter(None, map(_name_time, older)), default=None)
         if latest is not None and latest >= now:  # clock went back, or the same microsecond
             now = latest + _dt.timedelta(microseconds=1)
-        path = self._commit("runs", run_id, data, _part_name(now))
-        for name in older:
-            if name < path.name:
-                (partition / name).unlink(missing_ok=True)
-        _fsync_dir(partition)
-        return path
+        path = self._commit(partition, data, self._name(now))
+        for name in sorted(older):
+            if name < _base_name(path):
+                try:
+                    self.fs.delete_file(f"{partition}/{name}")
+                except (FileNotFoundError, OSError):
+                    pass
+        if self.local:
+            _fsync_dir(partition)
+        return self._path(path)
 
-    def _commit(self, table: str, run_id: str, data: pa.Table, name: str, *, subdir: str | None = None) -> Path:
-        partition = self.root / table / f"run_id={run_id}"
-        if subdir is not None:
-            partition = partition / subdir
-        created = not partition.is_dir()
-        partition.mkdir(parents=True, exist_ok=True)
-        final = partition / name
-        tmp = partition / f".{name}.tmp"
+    def _commit(self, folder: str, data: pa.Table, name: str) -> str:
+        """Write ``data`` as ``folder/name``, whole or not at all; its path on ``fs``."""
+        final = f"{folder}/{name}"
+        if not self.local:  # an object appears only when its upload completes
+            with self.fs.open_output_stream(final) as f:
+                pq.write_table(data, f, compression="zstd")
+            return final
+        created = not os.path.isdir(folder)
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{folder}/.{name}.tmp"
         try:
             with open(tmp, "wb") as f:
                 pq.write_table(data, f, compression="zstd")
@@ -185,17 +273,17 @@ class Store:
                 os.fsync(f.fileno())
             os.rename(tmp, final)
         except BaseException:
-            tmp.unlink(missing_ok=True)
+            Path(tmp).unlink(missing_ok=True)
             raise
-        _fsync_dir(partition)
+        _fsync_dir(folder)
         if created:
-            _fsync_dir(partition.parent)
-            _fsync_dir(self.root)
+            _fsync_dir(os.path.dirname(folder))
+            _fsync_dir(self.base)
         return final
 
     # -- staged writes: many workers write, one driver commits ----------------
 
-    def stage(self, table: str, run_id: str, rows: pa.Table | list[dict], batch: str) -> Path | None:
+    def stage(self, table: str, run_id: str, rows: pa.Table | list[dict], batch: str) -> Path | str | None:
         """Write ``rows`` as a part file of ``batch``, invisible to readers until :meth:`commit_staged`.
 
         Staged files live in ``<table>/run_id=<id>/_staged-<batch>/``; readers
@@ -206,29 +294,31 @@ class Store:
         data = _conform(table, run_id, rows)
         if data.num_rows == 0:
             return None
-        return self._commit(table, run_id, data, _part_name(), subdir=_staged_dir(batch))
+        folder = f"{self._partition(table, run_id)}/{_staged_dir(batch)}"
+        return self._path(self._commit(folder, data, self._name()))
 
     def commit_staged(self, table: str, run_id: str, batch: str) -> int:
-        """Move ``batch``'s staged part files into the partition (each a rename); returns their number."""
-        partition = self.root / table / f"run_id={validate_run_id(run_id)}"
-        staged = partition / _staged_dir(batch)
-        if not staged.is_dir():
+        """Move ``batch``'s staged part files into the partition (a rename locally; a copy and a delete on S3,
+        each object appearing whole); returns their number."""
+        partition = self._partition(table, validate_run_id(run_id))
+        files = sorted(p for p in self._listing(f"{partition}/{_staged_dir(batch)}")
+                       if _PART_RE.fullmatch(_base_name(p)))
+        if not files:
+            self.discard_staged(table, run_id, batch)
             return 0
-        partition.mkdir(parents=True, exist_ok=True)
-        files = sorted(staged.glob(PART_GLOB))
         for path in files:
-            os.rename(path, partition / path.name)
-        _fsync_dir(partition)
+            self.fs.move(path, f"{partition}/{_base_name(path)}")
+        if self.local:
+            _fsync_dir(partition)
         self.discard_staged(table, run_id, batch)
         return len(files)
 
     def discard_staged(self, table: str, run_id: str, batch: str) -> None:
         """Remove what ``batch`` staged and did not commit (a failed run)."""
-        staged = self.root / table / f"run_id={validate_run_id(run_id)}" / _staged_dir(batch)
-        if staged.is_dir():
-            for path in staged.iterdir():
-                path.unlink(missing_ok=True)
-            staged.rmdir()
+        try:  # its objects and the directory marker S3 filesystems leave
+            self.fs.delete_dir(f"{self._partition(table, validate_run_id(run_id))}/{_staged_dir(batch)}")
+        except (FileNotFoundError, OSError):
+            pass
 
     # -- reading ---------------------------------------------------------
 
@@ -244,97 +334,100 @@ class Store:
         if run_id is not None:
             validate_run_id(run_id)
         for attempt in range(3):  # an upsert may delete a file we just listed
-            files = self._part_files(table, run_id)
+            files = self.part_files(table, run_id)
             if not files:
                 return read_schema.empty_table()
-            dataset = ds.dataset(
-                [str(p) for p in files], schema=read_schema, format="parquet",
-                partitioning=_PARTITIONING, partition_base_dir=str(self.root / table),
-                ignore_prefixes=[".", "_"],
-            )
+            dataset = ds.dataset(files, schema=read_schema, format="parquet", filesystem=self.fs,
+                                 partitioning=_PARTITIONING, partition_base_dir=f"{self.base}/{table}")
             try:
                 return dataset.to_table()
             except (pa.ArrowInvalid, OSError):
-                from dspark_obs import quarantine
-
-                if attempt == 2:
+                if not self.local or attempt == 2:
                     raise
                 if quarantine.sweep(self.root):  # a damaged part file was moved aside: read the rest
                     continue
-                if all(p.exists() for p in files):  # else an upsert deleted a file we listed: list again
+                if all(os.path.exists(p) for p in files):  # else an upsert deleted a file we listed: list again
                     raise
         raise AssertionError("unreachable")
 
-    def _part_files(self, table: str, run_id: str | None) -> list[Path]:
-        partition = f"run_id={run_id}" if run_id is not None else "run_id=*"
-        pattern = os.path.join(glob.escape(str(self.root / table)), partition, PART_GLOB)
-        files = sorted(Path(p) for p in glob.glob(pattern)) + self._fleet_files(table, run_id)
+    def part_files(self, table: str, run_id: str | None = None, *, fleet_layout: bool = True) -> list[str]:
+        """Paths on :attr:`fs` of the part files readers see, sorted: the flat layout's (directly in
+        ``run_id=<id>/``), and the fleet layout's committed ones (unless ``fleet_layout=False``); for ``runs``
+        the newest per run."""
+        root = f"{self.base}/{table}" if run_id is None else self._partition(table, run_id)
+        prefix = len(self.base) + len(table) + 2
+        files = [p for p in self._listing(root, recursive=True)
+                 if _PART_RE.fullmatch(_base_name(p)) and re.fullmatch(r"run_id=[^/]+", p[prefix:].rsplit("/", 1)[0])]
+        files = sorted(files + (self._fleet_files(table, run_id) if fleet_layout else []))
         if table == "runs":  # one row per run: the newest file wins
-            newest = {p.parent: p for p in files}
+            newest: dict[str, str] = {}
+            for p in files:
+                folder = p.rsplit("/", 1)[0]
+                if folder not in newest or _base_name(p) > _base_name(newest[folder]):
+                    newest[folder] = p
             files = sorted(newest.values())
         return files
 
-    def _fleet_files(self, table: str | None, run_id: str | None) -> list[Path]:
-        """Committed files of the fleet layout (:mod:`dspark_obs.fleet`); none in a flat store."""
-        if not (self.root / fleet.MANIFEST_DIR).is_dir():
+    def _listing(self, folder: str, *, recursive: bool = False) -> list[str]:
+        """Files under ``folder`` (none when it does not exist)."""
+        try:
+            infos = self.fs.get_file_info(pafs.FileSelector(folder, recursive=recursive, allow_not_found=True))
+        except (FileNotFoundError, OSError):
             return []
-        base = str(self.root.resolve())
-        found = fleet.committed_files(pafs.LocalFileSystem(), base, table=table, run_id=run_id)
-        return [self.root / Path(p).relative_to(base) for p in found]
+        return [i.path for i in infos if i.type == pafs.FileType.File]
+
+    def _fleet_files(self, table: str | None, run_id: str | None) -> list[str]:
+        """Committed files of the fleet layout (:mod:`dspark_obs.fleet`); none in a flat local store."""
+        if self.local and not os.path.isdir(f"{self.base}/{fleet.MANIFEST_DIR}"):
+            return []
+        return fleet.committed_files(self.fs, self.base, table=table, run_id=run_id)
 
     def runs(self) -> list[str]:
         """Run ids that have at least one part file in any table, sorted."""
-        ids = {_partition_value(p, "run_id") for p in self._all_part_files()}
-        return sorted(ids)
+        return sorted({re.search(r"/run_id=([^/]+)/", p).group(1) for p in self._all_part_files()})
 
     def tables(self) -> list[str]:
         """Tables that have at least one part file, sorted."""
-        return sorted({p.relative_to(self.root).parts[0] for p in self._all_part_files()})
+        return sorted({p[len(self.base) + 1:].split("/", 1)[0] for p in self._all_part_files()})
 
     def drop_run(self, table: str, run_id: str) -> int:
-        """Remove one run's partition of ``table``; returns the files removed.
+        """Remove one run's partition of ``table`` (every writer's files); returns the files removed.
 
         Used when a run is collected again under the same id (the demo) and by
-        estimators that rewrite their result tables.
+        estimators that rewrite their result tables.  Staged batches
+        (``_staged-*/``) stay.
         """
-        validate_run_id(run_id)
-        partition = self.root / table / f"run_id={run_id}"
-        removed = 0
-        if (self.root / fleet.MANIFEST_DIR).is_dir():
-            removed = fleet.forget_table(pafs.LocalFileSystem(), str(self.root.resolve()), table, run_id)
-        if not partition.is_dir():
-            return removed
-        files = [p for p in partition.iterdir() if not p.is_dir()]  # staged batches (``_staged-*/``) stay
+        partition = self._partition(table, validate_run_id(run_id))
+        has_manifests = not self.local or os.path.isdir(f"{self.base}/{fleet.MANIFEST_DIR}")
+        removed = fleet.forget_table(self.fs, self.base, table, run_id) if has_manifests else 0
+        files = self._listing(partition)
         for path in files:
-            path.unlink(missing_ok=True)
-        if next(partition.iterdir(), None) is None:
-            partition.rmdir()
+            try:
+                self.fs.delete_file(path)
+            except FileNotFoundError:
+                pass
+        if self.local and os.path.isdir(partition) and not os.listdir(partition):
+            os.rmdir(partition)
         return len(files) + removed
 
     def version(self) -> str:
         """A cheap fingerprint of the store's contents, for cache keys.
 
         Hashes every part file's relative path, size and mtime: it changes when
-        a file is added, replaced or removed, and costs one ``stat`` per file.
+        a file is added, replaced or removed, and costs one listing.
         """
         digest = hashlib.blake2b(digest_size=8)
-        for path in self._all_part_files():
-            try:
-                st = path.stat()
-            except FileNotFoundError:  # removed by an upsert meanwhile
+        for info in self.fs.get_file_info(self._all_part_files()):
+            if info.type != pafs.FileType.File:  # removed by an upsert meanwhile
                 continue
-            rel = path.relative_to(self.root).as_posix()
-            digest.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            rel = info.path[len(self.base) + 1:]
+            digest.update(f"{rel}\0{info.size}\0{info.mtime_ns}\n".encode())
         return digest.hexdigest()
 
-    def _all_part_files(self) -> list[Path]:
-        pattern = os.path.join(glob.escape(str(self.root)), "*", "run_id=*", PART_GLOB)
-        return sorted([Path(p) for p in glob.glob(pattern)] + self._fleet_files(None, None))
-
-
-def _partition_value(path: Path, key: str) -> str:
-    """The value of hive partition ``key`` in ``path`` (``run_id=a/...`` -> ``a``)."""
-    return next(part.removeprefix(f"{key}=") for part in path.parts if part.startswith(f"{key}="))
+    def _all_part_files(self) -> list[str]:
+        flat = [p for p in self._listing(self.base, recursive=True)
+                if re.fullmatch(r"[^/.][^/]*/run_id=[^/]+/part-[^/]*\.parquet", p[len(self.base) + 1:])]
+        return sorted(flat + self._fleet_files(None, None))
 
 
 def _staged_dir(batch: str) -> str:

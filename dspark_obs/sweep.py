@@ -106,7 +106,7 @@ def run_sweep(store, opts: SweepOptions, *, on_point: Callable[[SweepPoint, Any]
 
     A re-run of the same ``sweep_id`` replaces its own runs.
     """
-    from dspark_obs.emulator.server import SubprocessServer
+    from dspark_obs.emulator.subprocess_server import SubprocessServer
 
     run_ids = []
     for method in opts.methods:

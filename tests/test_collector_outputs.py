@@ -6,7 +6,8 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from dspark_obs.objstore import ObjectStore, connect_sql, open_store
+from dspark_obs.sql import connect as connect_sql
+from dspark_obs.store import open_store
 from collectors.sglang.driver import DriveSpec
 from collectors.sglang.metrics import SidecarMetrics
 from collectors.sglang.session import CollectOptions, Collector, collect
@@ -98,7 +99,7 @@ def test_redact_text_stores_no_text(tmp_path, emulator):
 def s3_url(s3_endpoint):
     url = (f"s3://dspark-obs/runs?endpoint_override={s3_endpoint}&scheme=http"
            "&region=us-east-1&allow_bucket_creation=true")
-    store = ObjectStore(url, writer_id="setup")
+    store = Store(url, writer_id="setup")
     store.fs.create_dir("dspark-obs")
     return url
 
@@ -111,7 +112,7 @@ def test_object_store_round_trip_with_sidecars_side_by_side(s3_url, emulator):
         summaries[writer] = collect(store, CollectOptions(
             url=srv.url, run_id=f"s3-{writer.split('.')[0]}", poll_interval=0.05, flush_interval=0.2, clear_at=0,
             drive=DriveSpec(["gsm8k"], 8, concurrency=4, max_new_tokens=40)))
-    reader = ObjectStore(s3_url, writer_id="reader")
+    reader = Store(s3_url, writer_id="reader")
     assert reader.runs() == ["s3-hostA", "s3-hostB"]
     names = [i.base_name for i in reader.fs.get_file_info(
         __import__("pyarrow.fs", fromlist=["FileSelector"]).FileSelector(f"{reader.base}/steps", recursive=True))

@@ -10,7 +10,6 @@ import pytest
 from dspark_obs import sql
 from dspark_obs.estimators import ceiling
 from dspark_obs.estimators.chunks import rid_hash
-from dspark_obs.objstore import ObjectStore
 from dspark_obs.store import Store
 
 COLLECTED = ("steps", "step_reqs", "requests", "tokens")
@@ -99,10 +98,10 @@ def test_old_and_fleet_files_read_together_and_drop_together(flat, tmp_path):
 def test_fleet_layout_on_an_object_store(flat, s3_endpoint):
     url = (f"s3://fleet-layout/day?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"
            "&allow_bucket_creation=true")
-    ObjectStore(url, writer_id="setup").fs.create_dir("fleet-layout")
-    writers = {i: ObjectStore(url, writer_id=f"side{i}", layout="fleet") for i in range(2)}
+    Store(url, writer_id="setup").fs.create_dir("fleet-layout")
+    writers = {i: Store(url, writer_id=f"side{i}", layout="fleet") for i in range(2)}
     _copy(flat, lambda i: writers[i])
-    reader = ObjectStore(url)
+    reader = Store(url)
     assert reader.read("step_reqs").num_rows == flat.read("step_reqs").num_rows
     a, b = sql.connect(flat.root), sql.connect(url)
     q = "SELECT workload, count(*), sum(verify_len) FROM step_reqs_w GROUP BY 1 ORDER BY 1"

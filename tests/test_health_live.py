@@ -83,7 +83,7 @@ def test_sps_table_none_verifies_whole_blocks_and_reports_no_table(emulator):
 
 def test_emulate_sps_table_flag_parses_none_and_a_file(tmp_path):
     from dspark_obs import costtable
-    from dspark_obs.cli import _planning_table
+    from dspark_obs.commands.emulate import planning_table as _planning_table
 
     assert _planning_table(Path("none")) == {"sps_table": None, "sps_table_path": None}
     path = tmp_path / "t.json"

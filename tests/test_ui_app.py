@@ -9,7 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import dspark_obs.ui
-from dspark_obs.ui.sample import build_sample_store
+from sample_store import build_sample_store
 
 APP = str(Path(dspark_obs.ui.__file__).with_name("app.py"))
 TIMEOUT_S = 90

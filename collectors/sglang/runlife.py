@@ -69,7 +69,7 @@ def last_commit(store, run_id: str) -> Optional[_dt.datetime]:
     newest = None
     for table in schema.TABLES:
         try:
-            files = store._part_files(table, run_id) if hasattr(store, "_part_files") else store._files(table, run_id)
+            files = store.part_files(table, run_id)
         except (OSError, ValueError):
             continue
         for f in files:

@@ -204,6 +204,7 @@ class Collector(PollingMixin):
     # -- the run row -------------------------------------------------------------
 
     async def _start_run(self, client: httpx.AsyncClient) -> None:
+        """Check the first ``/server_info``, start the cursor, open the run's row. Long: one row from one body."""
         try:
             resp = await client.get("/server_info")
             resp.raise_for_status()
@@ -372,6 +373,7 @@ class Collector(PollingMixin):
         ``server_exit`` (launch mode) resolves to the child's exit code;
         ``before_close`` runs after the last poll and before the final flush
         (launch mode stops the child there) and may return labels for the run.
+        Long: its tasks start and stop in one frame, so every exit path closes the run the same way.
         """
         t0 = time.monotonic()
         self.metrics.health.on_collect_start(t0)

@@ -87,6 +87,9 @@ def calibrate(
     `dspark-obs calibrate --data D --run cap-run --fit-sts sts.json --current-sts served-sts.json`
 
     `dspark-obs sql --data D "select position, labels, ece, debiased_ece from calibration where binning = 'width15' and workload = '*'"`
+    \f
+    Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
+    form feed); the body only checks them and calls the library.
     """
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import calibration as cal

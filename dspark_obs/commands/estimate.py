@@ -94,6 +94,9 @@ def estimate(
     `dspark-obs estimate --data D --run yesterday --fit-out fit.json`, then
     `dspark-obs collect --url URL --out D --metrics-port 9464 --ceiling-fit fit.json`: a live ceiling for
     sampled requests; `dspark-obs estimate --data D --run today --fit-in fit.json` gives the same sums.
+    \f
+    Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
+    form feed); the body only checks them and calls the library.
     """
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import ceiling as ceil
@@ -136,27 +139,7 @@ def estimate(
         except OSError as exc:
             fail(f"--fit-out {fit_out}: {exc}")
         err.print(f"wrote the ceiling fit to {fit_out} (for `collect --ceiling-fit {fit_out}`)")
-    err.print(_sampling_line(result.sampling_counts))
-    if result.misaligned_requests:
-        err.print(f"[yellow]warning:[/yellow] {len(result.misaligned_requests)} requests' tokens do not line up "
-                  f"with their steps (e.g. {result.misaligned_requests[0]}); their trimmed drafts were not compared")
-    if result.truth_source == "companion" and result.steps_with_truth == 0:
-        err.print(f"[yellow]warning:[/yellow] companion {result.companion} shares no step (same request, anchor "
-                  "and drafts) with this run: replay the same prompts and sampling seeds on the same server seed")
-    print_table(_summary_table(result), format)  # folded to fit the terminal
-    if result.validation is not None:
-        print_table(_validation_table(result), format)
-        bins = [r for r in result.validation.to_pylist() if r["group_kind"] == "bin" and r.get("mean_truth") is not None]
-        if bins:
-            held = sum(r["mean_lo"] - 1e-9 <= r["mean_truth"] <= r["mean_hi"] + 1e-9 for r in bins)
-            worst = max(abs(r["mean_mid"] - r["mean_truth"]) for r in bins)
-            err.print(f"{len(bins)} equal-count bins of mid: the mean truth lies in the bin's mean \\[lo, hi] in {held} "
-                      f"of {len(bins)}; largest |mean mid - mean truth| {worst:.3f} drafts (how sampled steps are "
-                      "judged against realisations; MAE and coverage are over greedy steps)")
-    err.print(f"wrote {result.num_rows} rows to ceiling, {result.summary.num_rows} to ceiling_summary"
-              f"{'' if result.validation is None else f', {result.validation.num_rows} to ceiling_validation'}"
-              f" (run {run}, method {method}). Next: dspark-obs sql --data {data} "
-              "\"select * from ceiling_validation where group_kind = 'bin'\"")
+    _print_result(result, format, data=data, run=run, method=method)
 
 
 @contextmanager
@@ -168,6 +151,31 @@ def step_progress(description: str):
                   "request-steps"), TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(description, total=0)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+def _print_result(result, fmt: str, *, data, run: str, method: str) -> None:
+    """What ``estimate`` prints once the run is estimated: sampling, warnings, the tables, the bins' check."""
+    err.print(_sampling_line(result.sampling_counts))
+    if result.misaligned_requests:
+        err.print(f"[yellow]warning:[/yellow] {len(result.misaligned_requests)} requests' tokens do not line up "
+                  f"with their steps (e.g. {result.misaligned_requests[0]}); their trimmed drafts were not compared")
+    if result.truth_source == "companion" and result.steps_with_truth == 0:
+        err.print(f"[yellow]warning:[/yellow] companion {result.companion} shares no step (same request, anchor "
+                  "and drafts) with this run: replay the same prompts and sampling seeds on the same server seed")
+    print_table(_summary_table(result), fmt)  # folded to fit the terminal
+    if result.validation is not None:
+        print_table(_validation_table(result), fmt)
+        bins = [r for r in result.validation.to_pylist() if r["group_kind"] == "bin" and r.get("mean_truth") is not None]
+        if bins:
+            held = sum(r["mean_lo"] - 1e-9 <= r["mean_truth"] <= r["mean_hi"] + 1e-9 for r in bins)
+            worst = max(abs(r["mean_mid"] - r["mean_truth"]) for r in bins)
+            err.print(f"{len(bins)} equal-count bins of mid: the mean truth lies in the bin's mean \\[lo, hi] in {held} "
+                      f"of {len(bins)}; largest |mean mid - mean truth| {worst:.3f} drafts (how sampled steps are "
+                      "judged against realisations; MAE and coverage are over greedy steps)")
+    err.print(f"wrote {result.num_rows} rows to ceiling, {result.summary.num_rows} to ceiling_summary"
+              f"{'' if result.validation is None else f', {result.validation.num_rows} to ceiling_validation'}"
+              f" (run {run}, method {method}). Next: dspark-obs sql --data {data} "
+              "\"select * from ceiling_validation where group_kind = 'bin'\"")
 
 
 def _only_compact_run(con) -> str:

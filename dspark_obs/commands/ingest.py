@@ -7,15 +7,11 @@ from typing import Optional
 
 import typer
 
+from dspark_obs.console import console, fail as _fail, parse_labels as _parse_labels
+
 
 def register(app: typer.Typer) -> None:
     app.command()(ingest)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    from dspark_obs.console import fail
-
-    fail(message, code)
 
 
 def _importer(flag: str, resolver, redact_text: bool):
@@ -65,12 +61,14 @@ def ingest(
     (table `sampling_overrides`); else `dspark-obs estimate` infers it from the committed tokens.
 
     Example: `dspark-obs ingest --out data --run-id prod-1 --server-info info.jsonl --request-log metrics.log --estimator-jsonl est.jsonl`
+    \f
+    Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
+    form feed); the body only checks them and calls the library.
     """
     from collectors.importers import WorkloadResolver, now
-    from dspark_obs.objstore import open_store
+    from dspark_obs.store import open_store
     from dspark_obs import schema
-    from dspark_obs.cli import _parse_labels, console
-    from dspark_obs.store import Store, validate_run_id
+    from dspark_obs.store import validate_run_id
 
     try:
         validate_run_id(run_id)
@@ -95,7 +93,7 @@ def ingest(
     if run_id in {r["run_id"] for r in store.read("runs").to_pylist()}:
         if not replace:
             _fail(f"run {run_id!r} already exists in {out}; pick another --run-id or pass --replace")
-        if not isinstance(store, Store):
+        if not store.local:
             _fail("--replace works on a local store only; pick another --run-id")
         for table in schema.STORE_TABLES:
             store.drop_run(table, run_id)
@@ -109,6 +107,32 @@ def ingest(
             importer = _importer(flag, resolver, redact_text)
             results.extend(importer(store, run_id, p) for p in paths)
 
+    _write_sampling_and_workloads(store, run_id, resolver, temperature, results)
+    total_rows = sum(r.total_rows for r in results)
+    run_fields = {"ended_at": now(), "end_reason": "completed"}
+    if not total_rows:  # an empty or all-bad input is an error, not an empty run that looks fine
+        total_dead = sum(r.dead_letters for r in results)
+        if not total_dead and store.local:
+            for table in schema.STORE_TABLES:
+                store.drop_run(table, run_id)
+            _fail(f"nothing to import: the files hold no lines; no run {run_id!r} was created", code=1)
+        run_fields["end_reason"] = f"error: nothing usable imported ({total_dead} lines dead-lettered)"
+    info = next((r.meta for r in results if r.meta.get("args")), None)
+    if info:
+        run_fields.update(mode=info["mode"], gamma=info["gamma"], dp_size=info["dp_size"],
+                          server_version=info["version"], startup_time=info["startup_time"],
+                          server_info=info["args"])
+    store.upsert_run(run_id, **run_fields)
+    total_dead = _print_results(results, run_id, out)
+    if not total_rows:
+        _fail(f"no usable line in the input: all {total_dead} went to dead_letters of run {run_id!r} "
+              f"(see `dspark-obs sql --data {out} \"select reason from dead_letters where run_id = '{run_id}'\"`)",
+              code=1)
+
+
+def _write_sampling_and_workloads(store, run_id: str, resolver, temperature, results) -> None:
+    """``sampling_overrides`` from ``--workload-map``'s temperatures and ``--temperature``; a ``requests`` row
+    (its workload) for every rid seen in steps or estimator rows but in no imported request."""
     overrides = [{"rid": rid, "temperature": t, "source": "ingest --workload-map"}
                  for rid, t in sorted(resolver.temperatures.items())]
     if temperature is not None:
@@ -122,21 +146,10 @@ def ingest(
     seen = set().union(*(r.rids for r in results)) - have
     if seen:
         store.write("requests", run_id, [{"rid": rid, "workload": resolver(rid)} for rid in sorted(seen)])
-    total_rows = sum(r.total_rows for r in results)
-    run_fields = {"ended_at": now(), "end_reason": "completed"}
-    if not total_rows:  # an empty or all-bad input is an error, not an empty run that looks fine
-        total_dead = sum(r.dead_letters for r in results)
-        if not total_dead and isinstance(store, Store):
-            for table in schema.STORE_TABLES:
-                store.drop_run(table, run_id)
-            _fail(f"nothing to import: the files hold no lines; no run {run_id!r} was created", code=1)
-        run_fields["end_reason"] = f"error: nothing usable imported ({total_dead} lines dead-lettered)"
-    info = next((r.meta for r in results if r.meta.get("args")), None)
-    if info:
-        run_fields.update(mode=info["mode"], gamma=info["gamma"], dp_size=info["dp_size"],
-                          server_version=info["version"], startup_time=info["startup_time"],
-                          server_info=info["args"])
-    store.upsert_run(run_id, **run_fields)
+
+
+def _print_results(results, run_id: str, out) -> int:
+    """One line per importer and the run's total; the dead letters in all."""
     for r in results:
         rows = ", ".join(f"{n} {t}" for t, n in sorted(r.rows.items())) or "no rows"
         extra = f", {r.gaps} gaps" if r.gaps else ""
@@ -145,7 +158,4 @@ def ingest(
     total_dead = sum(r.dead_letters for r in results)
     console.print(f"run [bold]{run_id}[/bold]: {sum(r.total_rows for r in results)} rows imported, "
                   f"{total_dead} dead letters -> {out}")
-    if not total_rows:
-        _fail(f"no usable line in the input: all {total_dead} went to dead_letters of run {run_id!r} "
-              f"(see `dspark-obs sql --data {out} \"select reason from dead_letters where run_id = '{run_id}'\"`)",
-              code=1)
+    return total_dead

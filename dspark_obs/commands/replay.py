@@ -94,6 +94,9 @@ def replay(
     interval) and step time from a cost table.
 
     Example: `dspark-obs replay --data D --run demo-compact-s0 --sts sts.json`
+    \f
+    Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
+    form feed); the body only checks them and calls the library.
     """
     from dspark_obs import sql
     from dspark_obs.estimators import replay as rp

@@ -92,6 +92,9 @@ def report(
 
     `dspark-obs report --data s3://bucket/fleet --since 24h --out reports/$(date +%F) --engine ray
     --ray-address ray://head:10001` (the estimator stages as Ray tasks; the store's results written back)
+    \f
+    Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
+    form feed); the body only checks them and calls the library.
     """
     from dspark_obs.report import InputError, ReportOptions, ThresholdsError, build_report
     from dspark_obs.report.inputs import parse_duration

@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
 
         Example: `dspark-obs sweep --out data --quick`
         """
-        from dspark_obs.cli import _fail, console
+        from dspark_obs.console import console, fail as _fail
 
         conc = _ints(concurrency) if concurrency else None
         changes = {k: v for k, v in dict(methods=_names(method), workloads=_names(workload), temperature=temperature,

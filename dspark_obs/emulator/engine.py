@@ -23,7 +23,6 @@ import concurrent.futures
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import numpy as np
@@ -31,191 +30,16 @@ import numpy as np
 from dspark_obs import costtable as ct
 from dspark_obs.acceptance import expected_given_window
 from dspark_obs.emulator import model
-from dspark_obs.emulator.dumper import ALL_COMPONENTS, InfoDumper
+from dspark_obs.emulator.dumper import InfoDumper
 from dspark_obs.emulator.estimator_jsonl import BlockAcceptRecorder
-from dspark_obs.emulator.methods import check_force_budget_frac, decode_without_speculation, forced_budget
+from dspark_obs.emulator.methods import decode_without_speculation, forced_budget
 from dspark_obs.emulator.streams import StreamKey
 from dspark_obs.emulator.workloads import profile_for
+from dspark_obs.emulator.config import (  # noqa: F401 - the engine's public names, as callers import them
+    DEFAULT_HEAD_TEMPERATURE, MODES, EngineConfig, GenerateRequest, RunningRequest, default_capture_tiers)
+from dspark_obs.emulator.sglang_fields import (  # noqa: F401 - likewise
+    bump_histogram, decode_step_record, detokenize, round6, spec_meta_info, tokenize)
 from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
-
-MODES = ("static", "compact", "cap-accept")
-# Over-confident deeper in the block, as raw DSpark heads are (ECE of a few %).
-DEFAULT_HEAD_TEMPERATURE = (0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.7, 0.7)
-
-
-def default_capture_tiers(max_tokens: int) -> list[int]:
-    """CUDA-graph token tiers a ragged compact verify rounds up to."""
-    tiers = list(range(8, 65, 8)) + list(range(96, 513, 32)) + list(range(576, max(max_tokens, 576) + 64, 64))
-    return tiers
-
-
-@dataclass
-class EngineConfig:
-    mode: str = "compact"
-    gamma: int = 6
-    seed: int = 0
-    dp_size: int = 1
-    max_running_requests: int = 256
-    max_records: int = 200_000
-    lag_steps: int = 2
-    components: frozenset[str] = ALL_COMPONENTS
-    # The table the scheduler plans with (SGLang: --speculative-dspark-sps-table-path);
-    # None = SGLang's uninitialised flat table, which verifies the full window.
-    sps_table: Optional[ct.CostTable] = field(default_factory=ct.default_additive_table)
-    # What the server args report as speculative_dspark_sps_table_path (the file the table came from).
-    sps_table_path: Optional[str] = None
-    # The hardware's true step-time model, and a context-length term on top of it.
-    true_cost: ct.SpsAdditiveCostTable = field(default_factory=ct.default_additive_table)
-    context_seconds_per_token: float = 2.0e-9
-    step_noise: float = 0.02
-    host_overhead_seconds: float = 0.0004
-    head_temperature: tuple[float, ...] = DEFAULT_HEAD_TEMPERATURE
-    sts_temperatures: Optional[tuple[float, ...]] = None
-    # A logit bias of the head per position (0 = none; < 0 under-confident), applied before STS.
-    head_bias: tuple[float, ...] = (0.0,)
-    expose_truth: bool = True
-    track_produced: bool = False  # keep every produced record's key (tests)
-    real_time: float = 0.0  # 0 = virtual clock; 1 = sleep each step's time
-    # Closed-loop determinism (see Engine._await_closed_loop_refill); 0 = off.
-    lockstep_concurrency: int = 0
-    lockstep_wait_s: float = 0.25
-    # SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH; rows are written only with
-    # folded_proposal False (SGLANG_DSPARK_FOLDED_PROPOSAL=0), as in SGLang.
-    estimate_path: Optional[str] = None
-    folded_proposal: bool = True
-    # The server's --log-requests --log-requests-format json --log-requests-level 3, written to this file
-    # (SGLang: --log-requests-target); None = off.
-    request_log_path: Optional[str] = None
-    # SGLang's /set_internal_state dspark_force_budget_frac: the budget is this share of
-    # bs * gamma instead of the planner's k* (1.0 = no trimming through the ragged path).
-    force_budget_frac: Optional[float] = None
-    # False: a target without speculation (one token per request per step, no DSpark records).
-    speculative: bool = True
-
-    def __post_init__(self) -> None:
-        if self.mode not in MODES:
-            raise ValueError(f"mode {self.mode!r} is not one of {', '.join(MODES)} "
-                             "(SGLANG_RAGGED_VERIFY_MODE)")
-        if self.gamma < 1 or self.dp_size < 1:
-            raise ValueError(f"gamma and dp_size must be >= 1, got {self.gamma}, {self.dp_size}")
-        if len(self.head_temperature) < self.gamma:
-            self.head_temperature = tuple(self.head_temperature) + (self.head_temperature[-1],) * (
-                self.gamma - len(self.head_temperature))
-        if len(self.head_bias) < self.gamma:
-            self.head_bias = tuple(self.head_bias) + (self.head_bias[-1],) * (self.gamma - len(self.head_bias))
-        check_force_budget_frac(self.force_budget_frac)
-
-
-@dataclass
-class GenerateRequest:
-    rid: str
-    text: Optional[str] = None
-    input_ids: Optional[list[int]] = None
-    temperature: float = 1.0
-    max_new_tokens: int = 128
-    sampling_seed: Optional[int] = None
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-
-
-@dataclass
-class _Running:
-    req: GenerateRequest
-    input_ids: list[int]
-    track: model.TargetTrack
-    draft_key: tuple[int, ...]
-    end: int  # output length at which the request finishes
-    finish_reason: dict[str, Any]
-    pool_index: int
-    submitted_clock: float
-    future: concurrent.futures.Future
-    output: list[int] = field(default_factory=list)
-    verify_ct: int = 0
-    correct_drafts: int = 0
-    correct_hist: list[int] = field(default_factory=list)
-    cap_tokens: int = 0
-    cap_hist: list[int] = field(default_factory=list)
-    block_accept_tokens: int = 0
-    first_token_clock: Optional[float] = None  # the rank clock when prefill produced the first token
-    # draft_key's SeedSequence, premixed once (model.draft_blocks mixes in the anchor position).
-    stream_key: Optional[StreamKey] = None
-
-
-def tokenize(text: str) -> list[int]:
-    """The emulator's tokenizer: one id per whitespace-separated word."""
-    span = model.VOCAB_SIZE - model.FIRST_WORD_ID
-    return [model.FIRST_WORD_ID + model.stable_hash(w) % span for w in text.split()] or [model.FIRST_WORD_ID]
-
-
-def detokenize(ids: list[int]) -> str:
-    return "".join(f" w{t}" for t in ids if t != model.EOS_TOKEN_ID)
-
-
-def bump_histogram(hist: list[int], i: int) -> None:
-    if len(hist) <= i:
-        hist.extend([0] * (i + 1 - len(hist)))
-    hist[i] += 1
-
-
-def decode_step_record(rank: Any, *, bs: int, decision: Any, num_verify_tokens: int, step_s: float,
-                       draft_s: float, reqs: list[dict]) -> dict[str, Any]:
-    """One decode step's ``DecodeStepRecord`` fields, as SGLang's dumper fills them (both engines).
-
-    ``decision`` is the step's budget decision (None in static mode); ``step_s``
-    and ``draft_s`` the step's and the drafter's seconds.
-    """
-    cfg = rank.engine.cfg
-    budget = None if decision is None else decision.budget
-    return {
-        "forward_ct": rank.forward_ct, "bs": bs, "mode": cfg.mode, "budget": budget,
-        "lag_steps": None if cfg.mode == "static" else cfg.lag_steps,
-        "num_running_reqs": bs, "num_verify_tokens": num_verify_tokens,
-        "verify_tokens_local": -1 if budget is None else min(bs + budget, bs * (cfg.gamma + 1)),
-        "verify_tokens_dp_synced": -1, "verify_tokens_graph_key": num_verify_tokens,
-        "predicted_step_ms": None if decision is None or decision.predicted_step_seconds is None
-        else decision.predicted_step_seconds * 1e3,
-        "predicted_theta": None if decision is None else decision.predicted_theta,
-        "step_gpu_ms": round(step_s * 1e3, 4), "draft_gpu_ms": round(draft_s * 1e3, 4),
-        "target_verify_gpu_ms": round(max(step_s - draft_s, 0.0) * 1e3, 4), "reqs": reqs,
-    }
-
-
-def spec_meta_info(r: Any, *, gamma: int, mode: str, completion: int) -> dict[str, Any]:
-    """A finished request's ``spec_*`` fields of ``meta_info``, as SGLang sends them (only when it verified).
-
-    ``r`` holds the request's counters: ``verify_ct``, ``correct_drafts``, ``cap_tokens``,
-    ``block_accept_tokens``, ``correct_hist``, ``cap_hist`` (both engines keep the same ones).
-    """
-    if r.verify_ct <= 0:
-        return {}
-    proposed = r.verify_ct * gamma
-    meta: dict[str, Any] = dict(spec_accept_rate=r.correct_drafts / proposed,
-                                spec_accept_length=completion / r.verify_ct,
-                                spec_num_correct_drafts=r.correct_drafts, spec_num_proposed_drafts=proposed,
-                                spec_verify_ct=r.verify_ct)
-    if r.cap_tokens > 0:
-        meta["spec_cap_length"] = r.cap_tokens / r.verify_ct
-    if mode == "cap-accept":
-        meta["spec_block_accept_length"] = r.block_accept_tokens / r.verify_ct
-    if r.correct_hist:
-        meta["spec_correct_drafts_histogram"] = r.correct_hist
-    if r.cap_hist:
-        meta["spec_cap_lens_histogram"] = r.cap_hist
-    return meta
-
-
-def _round6(values: np.ndarray) -> list[float]:
-    """``[round(float(v), 6) for v in values]``, vectorised where that is provably the same.
-
-    ``rint(v * 1e6) / 1e6`` is the correctly rounded result unless ``v * 1e6`` lies
-    within rounding error of a half; those few values go through ``round``.
-    """
-    scaled = values * 1e6
-    out = (np.rint(scaled) / 1e6).tolist()
-    for i in np.flatnonzero(np.abs(scaled - np.floor(scaled) - 0.5) < 1e-6).tolist():
-        out[i] = round(float(values[i]), 6)
-    return out
-
 
 class Rank:
     """One DP rank: its own queue, batch, forward counter, clock and dumper."""
@@ -225,8 +49,8 @@ class Rank:
         self.engine, self.index = engine, index
         self.clock = 0.0
         self.forward_ct = 0
-        self.waiting: deque[_Running] = deque()
-        self.running: list[_Running] = []
+        self.waiting: deque[RunningRequest] = deque()
+        self.running: list[RunningRequest] = []
         self.free_slots = list(range(cfg.max_running_requests - 1, -1, -1))
         # (row of each rid, survivals [bs, gamma]) of the last lag_steps decode steps
         self.survival_history: deque[tuple[dict[str, int], np.ndarray]] = deque(maxlen=max(cfg.lag_steps, 1))
@@ -244,7 +68,7 @@ class Rank:
     # -- prefill -----------------------------------------------------------
     def prefill(self) -> bool:
         cfg = self.engine.cfg
-        admitted: list[_Running] = []
+        admitted: list[RunningRequest] = []
         while self.waiting and self.free_slots:
             admitted.append(self.waiting.popleft())
         if cfg.lockstep_concurrency:
@@ -305,6 +129,12 @@ class Rank:
         return verify_lens, decision
 
     def decode(self) -> bool:
+        """One decode step of the rank, in SGLang's order: draft, plan budget and windows, verify per mode, commit, record.
+
+        Long: the phases share a dozen per-step arrays, and the emulator's pins
+        (tests/test_emulator_determinism.py) hold its exact order of random draws; split, every phase would
+        take and return them all.
+        """
         if not self.running:
             return False
         if not self.engine.cfg.speculative:
@@ -354,7 +184,7 @@ class Rank:
         cap_trim_a = drafts.block_accept - correct_a if cap_accept else np.zeros_like(correct_a)
         windows, corrects, cap_trims = window_a.tolist(), correct_a.tolist(), cap_trim_a.tolist()
         block_accepts = drafts.block_accept.tolist()
-        expected = _round6(expected_given_window(drafts.accept_prob, window_a, correct_a))
+        expected = round6(expected_given_window(drafts.accept_prob, window_a, correct_a))
         draft_lists = drafts.draft_tokens.tolist()
         realised = drafts.realised.tolist()
         sent = cfg.mode != "static"
@@ -365,7 +195,7 @@ class Rank:
         prefix_total = 0
         reqs: list[dict[str, Any]] = []
         estimator_rows: list[dict[str, Any]] = []
-        finished: list[tuple[int, _Running]] = []
+        finished: list[tuple[int, RunningRequest]] = []
         for i, r in enumerate(batch):
             n = positions[i]
             prefix_len = len(r.input_ids) + n - 1
@@ -442,7 +272,7 @@ class Rank:
 
 
     @staticmethod
-    def _target_logprob_at(r: "_Running", n: int):
+    def _target_logprob_at(r: "RunningRequest", n: int):
         """``p_lp(row, token)``: the target's logprob of ``token`` at output position ``n + row``."""
         def p_lp(row: int, token: int) -> float:
             pos = n + row
@@ -495,7 +325,7 @@ class Engine:
             else:
                 rank = self.ranks[self._submitted % len(self.ranks)]
             self._submitted += 1
-            run = _Running(req=req, input_ids=input_ids, track=track,
+            run = RunningRequest(req=req, input_ids=input_ids, track=track,
                            draft_key=(seed, prompt_key, sample_key, 3),
                            stream_key=StreamKey.of((seed, prompt_key, sample_key, 3)),
                            end=end, finish_reason=reason, pool_index=-1,
@@ -519,14 +349,14 @@ class Engine:
             self._lockstep_finished_base = self.requests_finished
             self._wake.notify_all()
 
-    def finish_request(self, rank: Rank, r: _Running) -> None:
+    def finish_request(self, rank: Rank, r: RunningRequest) -> None:
         if self.cfg.lockstep_concurrency and not self._in_flight_before_finish:
             self._in_flight_before_finish = sum(len(x.waiting) + len(x.running) for x in self.ranks) + 1
         rank.free_slots.append(r.pool_index)
         self.requests_finished += 1
         r.future.set_result(self._result(rank, r))
 
-    def _result(self, rank: Rank, r: _Running) -> dict[str, Any]:
+    def _result(self, rank: Rank, r: RunningRequest) -> dict[str, Any]:
         out = r.output[: r.end]
         completion = len(out)
         meta: dict[str, Any] = {

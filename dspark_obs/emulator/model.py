@@ -225,6 +225,9 @@ def draft_blocks(tracks: Sequence[TargetTrack], keys: Sequence[StreamKey], first
     Bit for bit the same numbers as the per-request function (the same draws, the
     same floating-point operations in the same order), plus the realised tokens
     at the anchor's ``gamma + 1`` positions.
+
+    Long: one vectorised pass whose draws must stay in the per-request function's order (the pins above);
+    split, the intermediate arrays would pass through every piece.
     """
     n = len(tracks)
     pos0 = np.asarray(first_pos, dtype=np.int64)

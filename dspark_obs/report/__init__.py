@@ -17,10 +17,10 @@ section), ``bootstrap`` and ``stats`` (intervals and tests), ``gates`` and
 ``render_html``, ``png``, ``summary`` (outputs), ``build`` (the whole report).
 """
 
-from dspark_obs.report.build import ReportOptions, ReportResult, build_report
+from dspark_obs.report.build import ReportOptions, ReportResult, build_report, figures_stage
 from dspark_obs.report.inputs import InputError
 from dspark_obs.report.summary import SCHEMA_VERSION
 from dspark_obs.report.thresholds import ThresholdsError, load_thresholds
 
-__all__ = ["ReportOptions", "ReportResult", "build_report", "InputError", "ThresholdsError", "load_thresholds",
+__all__ = ["ReportOptions", "ReportResult", "build_report", "figures_stage", "InputError", "ThresholdsError", "load_thresholds",
            "SCHEMA_VERSION"]

@@ -36,10 +36,9 @@ from dspark_obs.report.render_md import render_markdown
 from dspark_obs.report.sts import sts_section
 from dspark_obs.report.trimming import health_section
 from dspark_obs.report.thresholds import Thresholds, load_thresholds
-from dspark_obs.objstore import is_url, open_store
-from dspark_obs.store import Store
+from dspark_obs.store import Store, is_url, open_store
 
-__all__ = ["ReportOptions", "ReportResult", "build_report", "HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "PNG_DIR"]
+__all__ = ["ReportOptions", "ReportResult", "build_report", "figures_stage", "HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "PNG_DIR"]
 
 HTML_NAME, JSON_NAME, MARKDOWN_NAME, PNG_DIR = "report.html", "summary.json", "summary.md", "figures"
 
@@ -115,7 +114,11 @@ def _run_stages(store: Store, sel: Selection, th: Thresholds, recompute: bool, e
 
 
 def build_report(opts: ReportOptions) -> ReportResult:
-    """Make the report described by ``opts`` (see the module docstring)."""
+    """Make the report described by ``opts`` (see the module docstring).
+
+    Long: the report's phases in order (inputs, missing stages, sections, gates, charts, rendering, history),
+    each one call; split, the dozen values they share would be passed along by hand.
+    """
     import duckdb
 
     th = load_thresholds(opts.thresholds)
@@ -263,3 +266,11 @@ def _append_history(store: Store, report_id: str, generated: _dt.datetime, statu
         except OSError as exc:
             notes.append(f"history not appended for {run}: {exc}")
 
+
+def figures_stage(store: Store, plan) -> ReportResult:
+    """The pipeline's ``figures`` stage (:mod:`dspark_obs.pipeline`): the report of ``plan.run`` into
+    ``<store>/report``, with ``plan.report``'s :class:`ReportOptions` fields."""
+    root = store.location
+    options = {"data": root if is_url(root) else Path(root), "out": Path(str(root)) / "report", "runs": [plan.run],
+               "n_bootstrap": plan.n_bootstrap, **plan.report}
+    return build_report(ReportOptions(**options))

@@ -26,6 +26,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from dspark_obs import pipeline
 from dspark_obs.store import PART_GLOB, Store
 
 __all__ = ["InputError", "RunInfo", "Selection", "parse_duration", "connect", "read_runs", "select_runs",
@@ -233,62 +234,15 @@ def check_readable(root: Path, runs: list[str]) -> None:
     _scan_part_files(root, runs=runs)
 
 
-def _has_rows(con, table: str, run: str) -> bool:
-    return con.sql(f"SELECT count(*) FROM {table} WHERE run_id = $run", params={"run": run}).fetchall()[0][0] > 0
-
-
-def _root(store):
-    """What :func:`dspark_obs.sql.connect` takes for a store: its directory, or its URL (with the options)."""
-    return getattr(store, "url", None) or store.root
-
-
 def ensure_stages(store: Store, run: RunInfo, *, companion: str | None, n_bootstrap: int, seed: int,
                   force: bool = False, engine=None) -> list[str]:
     """Run the estimator stages ``run`` lacks (all of them with ``force``); notes of what ran or failed.
 
-    Stage errors (e.g. too few steps for a cost-model fit) become notes: the
-    report shows that section as unavailable instead of failing.  ``engine`` (a
-    RayEngine) runs the ceiling and calibration stages on Ray.
+    The pipeline's estimate, calibrate and costmodel stages (:mod:`dspark_obs.pipeline`). Stage errors
+    (e.g. too few steps for a cost-model fit) become notes: the report shows that section as unavailable
+    instead of failing.  ``engine`` (a RayEngine) runs the ceiling and calibration stages on Ray.
     """
-    from dspark_obs import sql as sqlmod
-    from dspark_obs.estimators import calibration as cal
-    from dspark_obs.estimators import ceiling, costmodel
-
-    notes: list[str] = []
-    con = sqlmod.connect(_root(store))
-    rid = run.run_id
-    try:
-        if force or not _has_rows(con, "ceiling_summary", rid):
-            ceiling.estimate_run(store, rid, companion=companion if run.mode == "compact" else None,
-                                 n_bootstrap=n_bootstrap, seed=seed, engine=engine)
-            notes.append(f"{rid}: ran the ceiling estimator (dspark-obs estimate)")
-    except (ValueError, LookupError) as exc:
-        notes.append(f"{rid}: ceiling estimate unavailable: {exc}")
-    if run.mode != "static":
-        con = sqlmod.connect(_root(store))
-        present = {k for k, in con.sql("SELECT DISTINCT labels FROM calibration WHERE run_id = $run",
-                                       params={"run": rid}).fetchall()}
-        wanted = ["observed"]
-        if run.mode == "compact":
-            wanted += ["reconstructed"] + (["companion"] if companion else [])
-        for kind in wanted:
-            if kind in present and not force:
-                continue
-            try:
-                cal.calibrate_run(store, rid, labels=kind, companion=companion, n_bootstrap=n_bootstrap, seed=seed,
-                                  engine=engine)
-                notes.append(f"{rid}: calibrated with {kind} labels (dspark-obs calibrate)")
-            except ValueError as exc:  # CalibrationDataError is a ValueError
-                notes.append(f"{rid}: {kind} calibration unavailable: {exc}")
-    con = sqlmod.connect(_root(store))
-    if force or not _has_rows(con, "costmodel_error", rid):
-        pools = [[rid]] + ([[rid, companion]] if companion else [])
-        for pool in pools:
-            try:
-                costmodel.write_results(store, costmodel.fit_runs(con, pool))
-                notes.append(f"{rid}: fitted the cost model on {', '.join(pool)} (dspark-obs costmodel)")
-                break
-            except ValueError as exc:
-                if pool is pools[-1]:
-                    notes.append(f"{rid}: cost model unavailable: {exc}")
-    return notes
+    plan = pipeline.Plan(run.run_id, companion=companion, mode=run.mode, stages=("estimate", "calibrate", "costmodel"),
+                         n_bootstrap=n_bootstrap, seed=seed, only_missing=not force, tolerate_errors=True,
+                         engine=engine)
+    return pipeline.run_plan(store, plan)

@@ -95,7 +95,10 @@ def _chart(chart, png: str | None) -> str:
 
 
 def render_html(summary: dict, charts: list, pngs: dict[str, str] | None = None) -> str:
-    """The report page: ``summary`` (the summary dict) and ``charts`` (:class:`~dspark_obs.report.plots.Chart`)."""
+    """The report page: ``summary`` (the summary dict) and ``charts`` (:class:`~dspark_obs.report.plots.Chart`).
+
+    Long: the page from top to bottom, one block per part, in the order it reads.
+    """
     pngs = pngs or {}
     figs = summary["figures"]
     status = summary["status"]

@@ -94,7 +94,10 @@ def _delta_ci(f: dict) -> str:
 
 
 def render_markdown(summary: dict) -> str:
-    """The Markdown text of a report from its summary dict."""
+    """The Markdown text of a report from its summary dict.
+
+    Long: the document from top to bottom, one block per part, in the order it reads.
+    """
     figs = summary["figures"]
     counts = summary["counts"]
     status = summary["status"].upper()

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_obs.ui.sample import build_sample_store
+from sample_store import build_sample_store
 
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync", "--no-first-run"]

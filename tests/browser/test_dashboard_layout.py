@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from dspark_obs.ui.sample import SAMPLE_RUNS
+from sample_store import SAMPLE_RUNS
 
 from .test_dashboard_browser import ERRORS, LOAD_TIMEOUT_MS, _screenshot
 
@@ -66,7 +66,7 @@ def _overlaps(parts: list[dict], tolerance: float = 1.0) -> list[tuple[str, str]
 
 @pytest.fixture(scope="module")
 def sample_root(tmp_path_factory):
-    from dspark_obs.ui.sample import build_sample_store
+    from sample_store import build_sample_store
 
     return build_sample_store(tmp_path_factory.getbasetemp() / "ui-sample-full", sweep=True, report=True)
 

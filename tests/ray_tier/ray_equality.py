@@ -13,7 +13,6 @@ from dspark_obs import sql
 from dspark_obs.cli import app
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import ceiling
-from dspark_obs.objstore import ObjectStore
 from dspark_obs.store import Store
 from tests.ray_tier.conftest import assert_rows_match, upload
 
@@ -92,7 +91,7 @@ def test_the_commands_on_ray_over_s3_write_the_local_tables(store, request, tmp_
     for data, engine in ((str(local), ["--engine", "local"]), (url, ["--engine", "ray"])):
         _cli("estimate", "--data", data, "--run", run, "--bootstrap", "200", "--seed", "4", *engine)
         _cli("calibrate", "--data", data, "--run", run, "--labels", "observed", "--bootstrap", "100", *engine)
-    there, here = ObjectStore(url), Store(local)
+    there, here = Store(url), Store(local)
     for table, keys in (("ceiling", STEP_KEYS), ("ceiling_summary", ["workload"]),
                         ("ceiling_validation", ["group_kind", "group"]), ("calibration", CAL_KEYS),
                         ("calibration_bins", BIN_KEYS)):
@@ -142,4 +141,4 @@ def test_the_nightly_report_on_ray_over_s3(demo_store, tmp_path, s3_endpoint, ra
     assert result.exit_code in (0, 1), result.output
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["figures"]) > 10
-    assert ObjectStore(url).read("ceiling_summary", "demo-compact-s0").num_rows > 0
+    assert Store(url).read("ceiling_summary", "demo-compact-s0").num_rows > 0

@@ -174,7 +174,11 @@ class _RealRank(base.Rank):
 
     # -- the block -------------------------------------------------------------
     def _draft_block(self, batch: list[_Running]) -> tuple[_Block, float]:
-        """Run anchor + gamma drafts through target and drafter; couple drafts to realised tokens."""
+        """Run anchor + gamma drafts through target and drafter; couple drafts to realised tokens.
+
+        Long: one batched pass through target and drafter per draft position, keeping the tensors on the
+        stack; split, the caches and logits would pass through every piece.
+        """
         cfg = self.engine.cfg
         gamma, bs, seed = cfg.gamma, len(batch), cfg.seed
         blk = _Block(bs, gamma)
@@ -243,6 +247,10 @@ class _RealRank(base.Rank):
 
     # -- decode ------------------------------------------------------------
     def decode(self) -> bool:
+        """One decode step of the real-model rank, in the order of the stochastic engine's (draft, plan, verify, commit, record).
+
+        Long: as the stochastic engine's ``decode``, its phases share the step's arrays and tensors.
+        """
         if not self.running:
             return False
         eng, cfg = self.engine, self.engine.cfg

@@ -1,13 +1,13 @@
-"""A small store with every table the dashboard reads, for UI tests and screenshots.
+"""A small store with every table the dashboard reads, for UI tests and screenshots (a test fixture).
 
 Like ``dspark-obs demo`` but smaller and with the estimator tables filled: a
 compact run and its cap-accept companion collected from the embedded emulator
 (temperature sampling, three workloads), then ``ceiling``, ``calibration``
 (all label kinds), held-out ``recalibration``, ``costmodel`` results and a stored STS fit written as
-the CLI commands would.
+the CLI commands would; the estimator stages run through :mod:`dspark_obs.pipeline`, as the demo's do.
 About 15-30 s on two cores.
 
-    python -m dspark_obs.ui.sample /tmp/ui-sample
+    PYTHONPATH=. python tests/sample_store.py /tmp/ui-sample
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int
     """
     from collectors.sglang.driver import DriveSpec
     from collectors.sglang.session import CollectOptions, collect
-    from dspark_obs import sql
+    from dspark_obs import pipeline, sql
     from dspark_obs.emulator.engine import EngineConfig
     from dspark_obs.emulator.server import BackgroundServer
-    from dspark_obs.estimators import calibration, ceiling, costmodel
     from dspark_obs.estimators.calibration import recalibration
     from dspark_obs.store import Store
 
@@ -54,15 +53,13 @@ def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int
                 url=server.url, run_id=run_id, poll_interval=0.1, flush_interval=1.0, drive=spec,
                 labels={"sample": "1", "method": mode},
                 companion_of=SAMPLE_RUNS["compact"] if mode == "cap-accept" else None))
+    compact, companion = SAMPLE_RUNS["compact"], SAMPLE_RUNS["cap-accept"]
+    pipeline.run_plans(store, [
+        pipeline.Plan(compact, labels=pipeline.LABEL_KINDS, n_bootstrap=bootstrap,
+                      costmodel_pools=((compact, companion),), stages=("estimate", "calibrate", "costmodel")),
+        pipeline.Plan(companion, mode="cap-accept", n_bootstrap=bootstrap, stages=("calibrate",))])
     con = sql.connect(root, read_only=False)
-    compact = SAMPLE_RUNS["compact"]
-    ceiling.estimate_run(con, compact, n_bootstrap=bootstrap)
-    for labels in calibration.LABEL_KINDS:
-        calibration.calibrate_run(con, compact, labels=labels, n_bootstrap=bootstrap)
-    calibration.calibrate_run(con, SAMPLE_RUNS["cap-accept"], labels="observed", n_bootstrap=bootstrap)
     recalibration.recalibrate_run(con, compact, labels="companion", n_bootstrap=min(bootstrap, 50))
-    report = costmodel.fit_runs(con, list(SAMPLE_RUNS.values()))
-    costmodel.write_results(store, report)
     _store_sts(store, con, compact)
     if sweep:
         from dspark_obs import sweep as sweep_mod
@@ -71,9 +68,10 @@ def build_sample_store(root: str | Path, *, requests: int = 36, concurrency: int
             SAMPLE_SWEEP, concurrency=(1, 2, 4, 8, 16, 32), min_requests=4, requests_per_slot=1,
             max_new_tokens=32, seed=seed))
     if report:
-        from dspark_obs.report import ReportOptions, build_report
+        from dspark_obs.report import figures_stage
 
-        build_report(ReportOptions(data=root, out=root / "report", runs=[compact], png=False, n_bootstrap=bootstrap))
+        pipeline.run_plans(store, [pipeline.Plan(compact, stages=("figures",), n_bootstrap=bootstrap,
+                                                 report={"png": False})], figures=figures_stage)
     (root / _DONE).write_text("ok\n")
     return root
 
@@ -94,6 +92,6 @@ def _store_sts(store, con, run_id: str) -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     if len(sys.argv) not in (2, 3) or sys.argv[2:] not in ([], ["--full"]):
-        sys.exit("usage: python -m dspark_obs.ui.sample OUT_DIR [--full]   (--full: with a sweep and a report)")
+        sys.exit("usage: PYTHONPATH=. python tests/sample_store.py OUT_DIR [--full]   (--full: with a sweep and a report)")
     full = sys.argv[2:] == ["--full"]
     print(build_sample_store(sys.argv[1], sweep=full, report=full))
