@@ -227,13 +227,11 @@ class ObjectStore:
 # -- SQL over an object store ----------------------------------------------------
 
 def fsspec_filesystem(store: ObjectStore):
-    """The store's pyarrow filesystem as fsspec, for ``duckdb.register_filesystem``."""
-    from fsspec.implementations.arrow import ArrowFSWrapper
+    """The store's pyarrow filesystem as fsspec, for ``duckdb.register_filesystem`` (a read position
+    per DuckDB thread: :mod:`dspark_obs.objstore_reads`)."""
+    from dspark_obs.objstore_reads import duckdb_filesystem
 
-    class _Wrapper(ArrowFSWrapper):
-        protocol = store.scheme
-
-    return _Wrapper(store.fs)
+    return duckdb_filesystem(store.fs, store.scheme)
 
 
 def connect_sql(url_or_store: Union[str, ObjectStore]):
