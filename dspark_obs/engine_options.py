@@ -15,15 +15,15 @@ from dspark_obs.console import fail
 
 __all__ = ["ENGINE", "RAY_ADDRESS", "RAY_WORKERS", "JOBS", "PRELOAD", "DATA_ROOT_HELP", "engine_for", "data_root"]
 
-ENGINE = typer.Option("local", "--engine", help="local: this machine (--jobs processes) | ray: the run's requests "
-                      "split by rid hash "
+ENGINE = typer.Option("local", "--engine", help="local: this machine (--jobs processes) | ray: the run's chunks (rid "
+                      "ranges) split "
                       "into Ray tasks that run the same per-chunk code; same tables (pip install 'dspark-obs[ray]').")
 RAY_ADDRESS = typer.Option(None, "--ray-address", help="With --engine ray: the cluster to run on (ray://head:10001, "
                            "or the host:port `ray start --head` printed). Default: a local Ray on this machine.")
 RAY_WORKERS = typer.Option(None, "--ray-workers", min=1, help="With --engine ray and no --ray-address: CPUs of "
                            "the local Ray, one task each (default: all cores).")
 JOBS = typer.Option(None, "--jobs", "-j", min=1, help="With --engine local: processes on this machine, the run's "
-                    "requests split by rid hash as --engine ray does; same tables as --jobs 1 (default: all cores).")
+                    "chunks split as --engine ray does; same tables as --jobs 1 (default: all cores).")
 PRELOAD = {"estimate": ("dspark_obs.sql", "dspark_obs.estimators.ceiling.ray"),
            "calibrate": ("dspark_obs.sql", "dspark_obs.estimators.calibration.ray")}
 PRELOAD["report"] = PRELOAD["estimate"] + PRELOAD["calibrate"][1:]

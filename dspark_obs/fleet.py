@@ -9,10 +9,11 @@ Collected tables (everything a sidecar writes but ``runs``) may be written as::
 * **Hive partitions** by run, UTC date of the write and DP rank: DuckDB, Ray
   Data, Spark or Trino prune by path without opening files.  ``dp_rank`` is
   also a column of the files (any engine reads it without the path).
-* **Clustered by request**: rows within a file are sorted by the request's
-  hash (:func:`dspark_obs.keys.stable_keys`) and rid, so a
-  request's rows are contiguous and a shard of requests by hash reads
-  contiguous row ranges.
+* **Clustered by request**: rows within a file are sorted by rid (steps
+  without a rid last) in row groups of at most ``ROW_GROUP_ROWS`` rows, so a
+  request's rows are contiguous and each row group's min/max rid statistics
+  let any engine skip the row groups outside a range of rids — the unit the
+  estimators' chunks and the tasks of ``--engine ray`` read.
 * **Manifest of committed files**: a data file is visible only once a manifest
   lists it.  Each writer keeps one cumulative manifest per run, replaced by a
   newer one (``<writer>-<seq>.json``, sequence zero-padded so names sort; written
@@ -41,9 +42,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from dspark_obs.keys import stable_keys
-
-__all__ = ["LAYOUTS", "FLEET_TABLES", "MANIFEST_DIR", "FleetWriter", "committed_files", "manifest_fingerprint",
+__all__ = ["LAYOUTS", "FLEET_TABLES", "ROW_GROUP_ROWS", "MANIFEST_DIR", "FleetWriter", "committed_files", "manifest_fingerprint",
            "forget_table"]
 
 LAYOUTS = ("flat", "fleet")
@@ -54,14 +53,15 @@ _TS_FORMAT = "%Y%m%dT%H%M%S%fZ"
 _MANIFEST_RE = re.compile(r"(?P<writer>[A-Za-z0-9_.]+)-(?P<seq>\d{12})\.json")
 
 
+ROW_GROUP_ROWS = 65_536
+"""Rows per row group of a fleet file: small enough that a rid range skips most of a large file."""
+
+
 def _cluster(data: pa.Table) -> pa.Table:
-    """Rows sorted by request hash, then rid (steps without a rid last, in their order)."""
+    """Rows sorted by rid (stable; steps without a rid last, in their order)."""
     if "rid" not in data.column_names or data.num_rows < 2:
         return data
-    rids = data.column("rid").to_pylist()
-    order = np.lexsort((np.arange(len(rids)), np.array([r or "" for r in rids], dtype=object).astype(str),
-                        stable_keys(rids), np.array([r is None for r in rids])))
-    return data.take(pa.array(order))
+    return data.take(pc.sort_indices(data, sort_keys=[("rid", "ascending", "at_end")]))
 
 
 def _split_by_rank(data: pa.Table) -> list[tuple[int | None, pa.Table]]:
@@ -94,7 +94,7 @@ class FleetWriter:
             name = f"part-{now.strftime(_TS_FORMAT)}-{self.writer_id}-{secrets.token_hex(4)}.parquet"
             self.fs.create_dir(f"{self.base}/{rel}", recursive=True)
             with self.fs.open_output_stream(f"{self.base}/{rel}/{name}") as f:
-                pq.write_table(_cluster(part), f, compression="zstd")
+                pq.write_table(_cluster(part), f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
             entries.append({"table": table, "path": f"{rel}/{name}", "rows": part.num_rows})
         self._commit(run_id, entries)
         return [f"{self.base}/{e['path']}" for e in entries]

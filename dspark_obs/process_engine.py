@@ -2,7 +2,8 @@
 
 :class:`ProcessEngine` has :class:`~dspark_obs.ray_engine.RayEngine`'s interface
 (``start``, ``parallelism``, ``map``), so ``estimate``, ``calibrate`` and
-``report`` split a run by rid hash into shards, run the local per-chunk function
+``report`` split a run's chunks into contiguous groups
+(:func:`~dspark_obs.estimators.chunks.split_chunks`), run the local per-chunk function
 on each and merge the partial results exactly as on Ray (bootstrap weights are
 drawn per request, so the split does not change a CI).  The pool forks its
 workers in :meth:`ProcessEngine.start`, before the command opens DuckDB, after

@@ -140,13 +140,11 @@ def _object_store(url: str) -> Store:
 
 
 def fsspec_filesystem(store: Store):
-    """An object store's pyarrow filesystem as fsspec, for ``duckdb.register_filesystem``."""
-    from fsspec.implementations.arrow import ArrowFSWrapper  # at call time: only object stores need fsspec
+    """An object store's pyarrow filesystem as fsspec, for ``duckdb.register_filesystem`` (a read position
+    per DuckDB thread: :mod:`dspark_obs.objstore_reads`)."""
+    from dspark_obs.objstore_reads import duckdb_filesystem  # at call time: only object stores need fsspec
 
-    class _Wrapper(ArrowFSWrapper):
-        protocol = store.scheme
-
-    return _Wrapper(store.fs)
+    return duckdb_filesystem(store.fs, store.scheme)
 
 
 def _tables_with_files(root: str) -> set[str]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -51,35 +52,20 @@ def emulator():
 
 @pytest.fixture(scope="session")
 def s3_endpoint():
-    """``host:port`` of a local S3-compatible server (moto) on 127.0.0.1, with one shim for a moto quirk.
-
-    moto 5 answers CompleteMultipartUpload with a ``CompleteMultipartUploadResponse``
-    root element where S3 sends ``CompleteMultipartUploadResult``; the AWS C++ SDK
-    inside pyarrow then reports an error, so the shim renames the element.  The
-    credentials are set in the environment (processes started later inherit them).
-    """
-    from moto.server import DomainDispatcherApplication, create_backend_app
-    from werkzeug.serving import make_server
-
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
-    app = DomainDispatcherApplication(create_backend_app)
-
-    def shim(environ, start_response):
-        seen = {}
-        body = b"".join(app(environ, lambda status, headers, exc_info=None: seen.update(s=status, h=headers)))
-        headers = seen["h"]
-        if b"CompleteMultipartUploadResponse" in body:
-            body = body.replace(b"CompleteMultipartUploadResponse", b"CompleteMultipartUploadResult")
-            headers = [(k, v) for k, v in headers if k.lower() != "content-length"] + [("Content-Length", str(len(body)))]
-        start_response(seen["s"], headers)
-        return [body]
-
-    server = make_server("127.0.0.1", 0, shim, threaded=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    """``host:port`` of a local S3-compatible server (moto) on 127.0.0.1, in its own process
+    (``tests/s3_server.py``).  The credentials are set in the environment (processes started later
+    inherit them)."""
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("s3_server.py"))], stdout=subprocess.PIPE,
+                            text=True)
+    port = proc.stdout.readline().strip()
+    if not port.isdigit():
+        proc.kill()
+        pytest.fail(f"the local S3 server did not start (exit {proc.wait()})")
     old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")}
     os.environ.update(AWS_ACCESS_KEY_ID="test", AWS_SECRET_ACCESS_KEY="test", AWS_DEFAULT_REGION="us-east-1")
-    yield f"127.0.0.1:{server.server_port}"
-    server.shutdown()
+    yield f"127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait()
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
 from dspark_obs import sql
 from dspark_obs.estimators import ceiling
-from dspark_obs.estimators.chunks import rid_hash
+from dspark_obs.fleet import ROW_GROUP_ROWS, FleetWriter
 from dspark_obs.store import Store
 
 COLLECTED = ("steps", "step_reqs", "requests", "tokens")
@@ -53,8 +56,8 @@ def test_a_fleet_store_reads_as_the_flat_one(flat, tmp_path):
     rank = int(files[0].parent.name.removeprefix("dp_rank="))
     part = pq.read_table(files[0])
     assert set(part.column("dp_rank").to_pylist()) == {rank}
-    hashes = rid_hash(part.column("rid").to_pylist())
-    assert (hashes[1:] >= hashes[:-1]).all()     # clustered by request hash
+    rids = [r for r in part.column("rid").to_pylist() if r is not None]
+    assert rids == sorted(rids) and part.column("rid").null_count == part.num_rows - len(rids)  # nulls last
     manifests = sorted((tmp_path / "_manifests" / "run_id=bench").iterdir())
     assert [m.name.split("-")[0] for m in manifests] == ["side0", "side1"]   # one (the newest) per writer
 
@@ -114,3 +117,20 @@ def test_layouts_are_checked(tmp_path):
         Store(tmp_path, layout="wide")
     with pytest.raises(ValueError, match="writer id"):
         Store(tmp_path, layout="fleet", writer_id="a/b")
+
+
+def test_a_large_fleet_file_prunes_by_rid_range(tmp_path):
+    """Row groups of sorted rids: their min/max statistics do not overlap, so a range of rids (a chunk, a
+    task's group) is a few row groups of the file, the rest skipped by any Parquet engine."""
+    rng = np.random.default_rng(3)
+    n = 3 * ROW_GROUP_ROWS + 5
+    rids = [f"{h:016x}" for h in rng.integers(0, 2**62, n // 5)]
+    data = pa.table({"rid": pa.array([rids[i] for i in rng.integers(0, len(rids), n)]),
+                     "forward_ct": pa.array(np.arange(n, dtype=np.int64))})
+    paths = FleetWriter(pafs.LocalFileSystem(), str(tmp_path), "w", atomic_rename=True).write("gaps", "r", data)
+    meta = pq.ParquetFile(paths[0]).metadata
+    assert meta.num_row_groups == 4
+    stats = [meta.row_group(i).column(0).statistics for i in range(meta.num_row_groups)]
+    assert all(a.max <= b.min for a, b in zip(stats, stats[1:]))
+    lo, hi = sorted(rids)[10], sorted(rids)[20]
+    assert sum(not (s.max < lo or s.min > hi) for s in stats) <= 2

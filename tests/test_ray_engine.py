@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from dspark_obs.cli import app
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import ceiling
-from dspark_obs.estimators.chunks import rid_hash, shard_requests
+from dspark_obs.estimators.chunks import plan_chunks
+from dspark_obs.estimators.chunks import split_chunks
 from dspark_obs.store import Store
 
 
@@ -47,17 +48,20 @@ def generated(tmp_path_factory) -> Store:
     return Store(root)
 
 
-def test_shards_split_whole_requests_by_hash():
+def test_tasks_get_contiguous_groups_of_the_local_chunks():
     rids = [f"r{i:03d}" for i in range(200)] + [None]
     counts = np.arange(201) + 1
-    shards = shard_requests(rids, counts, 3)
-    assert sorted(r for s, _ in shards for r in s if r is not None) == rids[:-1]
-    assert sum(int(c.sum()) for _, c in shards) == int(counts.sum())
-    for s, (part, _) in enumerate(shards):
-        assert all(int(rid_hash([r])[0] % np.uint64(3)) == s for r in part)
-        assert part == [r for r in rids if r in set(part)]   # run order within a shard
-    with pytest.raises(ValueError, match="n_shards must be >= 1"):
-        shard_requests(rids, counts, 0)
+    chunks = plan_chunks(rids, counts, chunk_rows=1500)
+    groups = split_chunks(rids, counts, chunks, 3)
+    assert [c for g in groups for c in g] == chunks          # the local path's chunks, in run order
+    sizes = [sum(c.rows for c in g) for g in groups]
+    assert len(groups) == 3 and max(sizes) - min(sizes) <= 2 * max(c.rows for c in chunks)
+    assert all("IN" not in c.where for c in chunks)            # rid ranges, which the Parquet scan applies
+    one = plan_chunks(rids[:10], counts[:10], chunk_rows=10_000)
+    recut = split_chunks(rids[:10], counts[:10], one, 2)       # one chunk, two tasks: re-cut into ranges
+    assert len(one) == 1 and len(recut) == 2
+    assert sum(c.rows for g in recut for c in g) == int(counts[:10].sum())
+    assert split_chunks(rids, counts, chunks, 1) == [chunks]
 
 
 def test_shards_merged_give_the_one_pass_estimate_and_commit_their_files(generated):

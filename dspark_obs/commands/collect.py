@@ -40,7 +40,7 @@ def collect(
     metrics_port: Optional[int] = typer.Option(None, callback=in_range(0, 65535), help="Serve the sidecar's own Prometheus metrics (dspark_obs:*) on this port (0 picks one)."),
     metrics_host: str = typer.Option("127.0.0.1", help="Address for --metrics-port; keep loopback unless you mean it."),
     writer_id: Optional[str] = typer.Option(None, help="Object-store output: id in every file name so sidecars write side by side (default HOST.PID)."),
-    layout: str = typer.Option("flat", help="flat: part files per run | fleet: hive partitions run_id/date/dp_rank, files clustered by request hash, visible once the writer's manifest commits them (many sidecars, one run; see the README's layout contract)."),
+    layout: str = typer.Option("flat", help="flat: part files per run | fleet: hive partitions run_id/date/dp_rank, files sorted by rid in small row groups, visible once the writer's manifest commits them (many sidecars, one run; see the README's layout contract)."),
     estimator_jsonl: Optional[Path] = typer.Option(None, help="Launch mode: have the server write SGLang's block-accept estimator JSONL here (sets SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH and SGLANG_DSPARK_FOLDED_PROPOSAL=0) and import it into estimator_records at the end."),
     startup_timeout: float = typer.Option(1800.0, callback=positive, help="Launch mode: seconds to wait for the server's /health."),
     shutdown_timeout: float = typer.Option(30.0, callback=in_range(0.0), help="Launch mode: seconds between forwarding SIGTERM/SIGINT and SIGKILL."),

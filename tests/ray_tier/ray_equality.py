@@ -1,5 +1,6 @@
 """``--engine ray`` gives the local path's tables: per-step rows exactly, summaries and bootstrap CIs to
-the order of float additions, on the demo store and a generated store, on a directory and on S3."""
+the order of float additions, on the demo store and generated stores (1M request-steps on a directory,
+200k over S3), on a directory and on S3."""
 
 from __future__ import annotations
 
@@ -14,10 +15,9 @@ from dspark_obs.cli import app
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import ceiling
 from dspark_obs.store import Store
-from tests.ray_tier.conftest import assert_rows_match, upload
+from tests.ray_tier.conftest import INPUTS, assert_rows_match, inputs_copy, upload
 
 STEP_KEYS = ["rid", "dp_rank", "forward_ct"]
-INPUTS = ("runs", "steps", "step_reqs", "requests", "tokens")   # what a sidecar writes; the rest is computed
 CAL_KEYS = ["labels", "workload", "position", "binning"]
 BIN_KEYS = CAL_KEYS + ["bin"]
 
@@ -54,20 +54,8 @@ def test_calibrate_on_ray_equals_local_on_the_demo_store(demo_store, ray_engine)
         assert local.notes == remote.notes
 
 
-def test_ray_equals_local_on_a_generated_store_in_many_chunks(generated_store, ray_engine):
-    """200k request-steps in chunks of 30k and a 60k-step fitting sample: what a large run does."""
-    opts = dict(n_bootstrap=200, seed=2, chunk_rows=30_000, fit_rows=60_000)
-    local = ceiling.estimate_run(generated_store, "bench", write=False, **opts)
-    remote = ceiling.estimate_run(generated_store, "bench", write=False, engine=ray_engine, **opts)
-    assert local.truth_source == "emulator" and local.num_rows >= 200_000
-    _compare_estimates(local, remote, "generated")
-    ceiling.estimate_run(generated_store, "bench", **opts)  # the reconstructed labels need the ceiling
-    for labels in ("observed", "reconstructed"):
-        kw = dict(labels=labels, n_bootstrap=100, seed=3, write=False, chunk_rows=30_000, sample_rows=60_000)
-        a = cal.calibrate_run(generated_store, "bench", **kw)
-        b = cal.calibrate_run(generated_store, "bench", engine=ray_engine, **kw)
-        assert_rows_match(a.summary, b.summary, keys=CAL_KEYS, what=f"generated calibration {labels}")
-        assert_rows_match(a.bins, b.bins, keys=BIN_KEYS, what=f"generated calibration_bins {labels}")
+RESULTS = (("ceiling", STEP_KEYS), ("ceiling_summary", ["workload"]), ("ceiling_validation", ["group_kind", "group"]),
+           ("calibration", CAL_KEYS), ("calibration_bins", BIN_KEYS))
 
 
 def _cli(*args: str) -> None:
@@ -75,28 +63,70 @@ def _cli(*args: str) -> None:
     assert result.exit_code == 0, result.output
 
 
-# The generated 200k store is compared on a directory above; over moto S3 its tokens files once read back
-# as a ZSTD decompression failure under load (moto's ranged GETs), so S3 runs the demo store only.
-@pytest.mark.parametrize("store", ["demo_store"])
+def _commands(data: str, run: str, engine: list[str], *, labels=("observed", "reconstructed")) -> None:
+    """What a nightly job runs on one run: estimate, then calibrate (reconstructed labels read the ceiling)."""
+    _cli("estimate", "--data", data, "--run", run, "--bootstrap", "100", "--seed", "4", *engine)
+    for label in labels:
+        _cli("calibrate", "--data", data, "--run", run, "--labels", label, "--bootstrap", "100", "--seed", "7",
+             *engine)
+
+
+def _assert_results_match(here, there, run: str, what: str) -> None:
+    """Every result table of ``run``: the local store's against the Ray run's (per-step rows exactly)."""
+    for table, keys in RESULTS:
+        local = here.read(table, run)
+        assert local.num_rows > 0, f"{what}: no {table} rows locally"
+        assert_rows_match(local, there.read(table, run), keys=keys, rtol=0.0 if table == "ceiling" else 1e-9,
+                          what=f"{what} {table}")
+    summary = here.read("ceiling_summary", run).to_pylist()
+    assert all(r["n_bootstrap"] == 100 and r["mean_acc_len_ci95_low"] < r["mean_acc_len_ci95_high"] for r in summary)
+
+
+@pytest.fixture(scope="session")
+def generated_local(generated_store, tmp_path_factory) -> Store:
+    """The 1M store's tables from the local commands (computed once, compared with every Ray run)."""
+    data = inputs_copy(generated_store, tmp_path_factory.mktemp("ray-local-1m") / "data")
+    _commands(str(data), "bench", [])
+    return Store(data)
+
+
+@pytest.fixture(scope="session")
+def s3_generated_local(s3_generated_store, tmp_path_factory) -> Store:
+    data = inputs_copy(s3_generated_store, tmp_path_factory.mktemp("ray-local-200k") / "data")
+    _commands(str(data), "bench", [])
+    return Store(data)
+
+
+def test_the_commands_on_ray_equal_local_on_a_generated_1m_store(generated_store, generated_local, tmp_path,
+                                                                  ray_engine):
+    """1M request-steps: 7 chunks, a fitting sample, the bootstrap (CIs) — Ray's tables are the local ones."""
+    data = inputs_copy(generated_store, tmp_path / "data")
+    _commands(str(data), "bench", ["--engine", "ray"])
+    assert generated_local.read("ceiling", "bench").num_rows >= 1_000_000
+    _assert_results_match(generated_local, Store(data), "bench", "generated 1M")
+
+
+def _s3_url(endpoint: str, prefix: str) -> str:
+    return (f"s3://ray-tier/{prefix}?endpoint_override={endpoint}&scheme=http&region=us-east-1"
+            "&allow_bucket_creation=true")
+
+
+@pytest.mark.parametrize("store", ["demo_store", "s3_generated_store"])
 def test_the_commands_on_ray_over_s3_write_the_local_tables(store, request, tmp_path, s3_endpoint, ray_engine):
     """estimate and calibrate --engine ray on an s3:// store (moto) write what the local commands write
     into a directory: the tasks read S3, stage their files there, and the driver commits them."""
     src = request.getfixturevalue(store)
-    run = "demo-compact-s0" if store == "demo_store" else "bench"
-    local = tmp_path / "local"
-    shutil.copytree(src, local, ignore=lambda d, names: [n for n in names if d == str(src) and n not in INPUTS])
-    url = (f"s3://ray-tier/{store}?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1"
-           "&allow_bucket_creation=true")
+    url = _s3_url(s3_endpoint, store)
     upload(src, url, tables=INPUTS)
-    for data, engine in ((str(local), ["--engine", "local"]), (url, ["--engine", "ray"])):
-        _cli("estimate", "--data", data, "--run", run, "--bootstrap", "200", "--seed", "4", *engine)
-        _cli("calibrate", "--data", data, "--run", run, "--labels", "observed", "--bootstrap", "100", *engine)
-    there, here = Store(url), Store(local)
-    for table, keys in (("ceiling", STEP_KEYS), ("ceiling_summary", ["workload"]),
-                        ("ceiling_validation", ["group_kind", "group"]), ("calibration", CAL_KEYS),
-                        ("calibration_bins", BIN_KEYS)):
-        assert_rows_match(here.read(table, run), there.read(table, run), keys=keys,
-                          rtol=0.0 if table == "ceiling" else 1e-9, what=f"{store} {table}")
+    if store == "demo_store":
+        run, here = "demo-compact-s0", Store(inputs_copy(src, tmp_path / "local"))
+        _commands(str(here.root), run, [], labels=("observed",))
+        _commands(url, run, ["--engine", "ray"], labels=("observed",))
+    else:
+        run, here = "bench", request.getfixturevalue("s3_generated_local")
+        _commands(url, run, ["--engine", "ray"])
+    there = Store(url)
+    _assert_results_match(here, there, run, store)
     staged = [i.path for i in there.fs.get_file_info(pafs.FileSelector(there.base, recursive=True))
               if "_staged-" in i.path]
     assert staged == []    # every staged file was committed

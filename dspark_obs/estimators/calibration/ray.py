@@ -1,4 +1,4 @@
-"""Calibration on Ray: each task sums a shard of the run's requests; the driver merges the sums.
+"""Calibration on Ray: each task sums a group of the run's chunks; the driver merges the sums.
 
 The driver keeps what needs every step at once (the sample behind AUROC and the
 bin edges, :class:`~dspark_obs.estimators.calibration.chunks.SampleEdges`); each task gets the edges and
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators.calibration import chunks
-from dspark_obs.estimators.chunks import plan_chunks, shard_requests
+from dspark_obs.estimators.chunks import split_chunks
 
 __all__ = ["accumulate"]
 
@@ -21,10 +21,9 @@ def accumulate(engine, con, plan: "chunks.RunPlan", run_id: str, *, labels: str,
     """:func:`~dspark_obs.estimators.calibration.chunks.accumulate_chunks` over the whole run, a task per shard."""
     engine.start()
     root = str(sqlmod.root_of(con))
-    chunk_rows = max(c.rows for c in plan.chunks) if plan.chunks else 1
-    shards = [s for s in shard_requests(plan.step_rids, plan.step_rows, engine.parallelism()) if s[0]]
-    calls = [(root, plan, run_id, plan_chunks(rids, rows, chunk_rows=max(1, chunk_rows), listed=True), labels,
-              specs, edges, n_bootstrap, seed, int(rows.sum())) for rids, rows in shards]
+    groups = split_chunks(plan.step_rids, plan.step_rows, plan.chunks, engine.parallelism())
+    calls = [(root, plan, run_id, group, labels, specs, edges, n_bootstrap, seed, sum(c.rows for c in group))
+             for group in groups]
     done = [0]
 
     def finished(result) -> None:

@@ -1,4 +1,4 @@
-"""The ceiling estimator on Ray: one task per shard of requests, the driver merges and commits.
+"""The ceiling estimator on Ray: one task per group of the run's chunks, the driver merges and commits.
 
 Each task runs :func:`~dspark_obs.estimators.ceiling.io.estimate_chunks` — the local path's per-chunk
 function — over its shard, writes its ``ceiling`` rows as staged part files
@@ -17,7 +17,7 @@ import pyarrow as pa
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators.ceiling import io as ceiling_io
 from dspark_obs.estimators.ceiling.partial import merge_partials
-from dspark_obs.estimators.chunks import plan_chunks, shard_requests
+from dspark_obs.estimators.chunks import split_chunks
 
 __all__ = ["run", "estimate_shard"]
 
@@ -37,11 +37,9 @@ def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstr
         progress=None):
     """:func:`~dspark_obs.estimators.ceiling.io.run_local` with the chunks on ``engine``."""
     engine.start()
-    shards = [s for s in shard_requests(plan.rids, plan.counts, engine.parallelism()) if s[0]]
     batch = f"ceiling-{secrets.token_hex(6)}" if write else None
     root = str(store.root) if not hasattr(store, "url") else store.url
-    calls = [(root, plan, plan_chunks(rids, counts, chunk_rows=chunk_rows, listed=True))
-             for rids, counts in shards]
+    calls = [(root, plan, group) for group in split_chunks(plan.rids, plan.counts, plan.chunks, engine.parallelism())]
     total, done = int(plan.counts.sum()), [0]
 
     def finished(result) -> None:
