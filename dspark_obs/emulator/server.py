@@ -346,7 +346,7 @@ class EmulatorApp:
             self.engine.set_lockstep(int(args["emulator_lockstep_concurrency"] or 0),
                                      int(args.get("emulator_lockstep_total") or 0))
         if "dspark_force_budget_frac" in args:
-            from dspark_obs.emulator.engine import check_force_budget_frac
+            from dspark_obs.emulator.methods import check_force_budget_frac
 
             frac = args["dspark_force_budget_frac"]
             try:
