@@ -83,11 +83,16 @@ def test_sigterm_is_forwarded_and_the_run_says_why_it_ended(tmp_path):
 
 def test_a_server_that_exits_ends_the_run_with_its_code(tmp_path):
     port = _free_port()
-    script = f"import subprocess,sys,time; p=subprocess.Popen({CLI + ['emulate', '--port', str(port)]!r}); " \
-             "time.sleep(4); p.terminate(); p.wait(); sys.exit(3)"
+    # the "server" exits once the collector has started the run (its runs row is committed), however
+    # long a loaded machine takes to get there
+    runs = tmp_path / "runs"
+    script = (f"import pathlib,subprocess,sys,time; p=subprocess.Popen({CLI + ['emulate', '--port', str(port)]!r}); "
+              f"runs=pathlib.Path({str(runs)!r})\n"
+              "while not (runs.exists() and any(runs.rglob('*.parquet'))): time.sleep(0.1)\n"
+              "time.sleep(0.5); p.terminate(); p.wait(); sys.exit(3)")
     proc = subprocess.run(CLI + ["collect", "--out", str(tmp_path), "--run-id", "L3", "--poll-interval", "0.1",
                                  "--", sys.executable, "-c", script, "--port", str(port)],
-                          env=_env(), capture_output=True, text=True, timeout=90)
+                          env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     run = Store(tmp_path).read("runs", "L3").to_pylist()[0]
     assert run["end_reason"] == "server_exited: code 3" and run["mode"] == "static"
