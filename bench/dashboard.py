@@ -182,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="request-steps of the generated store")
     ap.add_argument("--workdir", default="/tmp/dspark-bench-dashboard", help="where the store is generated")
     ap.add_argument("--all-pages", action="store_true", help="every page, not only Overview and Calibration")
+    ap.add_argument("--page", action="append", choices=sorted(ALL_PAGES), default=None,
+                    help="only this page (repeatable); the floor is always timed beside it")
     ap.add_argument("--warm-repeats", type=int, default=3)
     args = ap.parse_args(argv)
+    chosen = ({p: ALL_PAGES[p] for p in args.page} if args.page else ALL_PAGES if args.all_pages else PAGES)
     sys.path.insert(0, str(ROOT))
     from bench.gen_store import RUN_ID, generate
 
@@ -195,11 +198,11 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "-m", "dspark_obs.cli", *cmd], cwd=ROOT, check=True,
                            stdout=subprocess.DEVNULL)
     load_before = os.getloadavg()[0]
-    r = measure(str(store), warm_repeats=args.warm_repeats, pages=ALL_PAGES if args.all_pages else PAGES)
+    r = measure(str(store), warm_repeats=args.warm_repeats, pages=chosen)
     floor = r.get("floor.warm_s")
     out = {"rows": args.rows, "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
            "floor_warm_s": floor}
-    for name in (ALL_PAGES if args.all_pages else PAGES):
+    for name in chosen:
         warm = r.get(f"{name}.warm_s")
         out[name] = {"warm_s": warm, "cold_s": r.get(f"{name}.cold_s"), "charts": r.get(f"{name}.charts"),
                      "errors": r.get(f"{name}.errors"),
