@@ -10,6 +10,7 @@ from streamlit.testing.v1 import AppTest
 
 import dspark_obs.ui
 from dspark_obs.ui.sample import build_sample_store
+from legend_checks import figure_from_spec, legend_problems
 
 APP = str(Path(dspark_obs.ui.__file__).with_name("app.py"))
 TIMEOUT_S = 90
@@ -70,6 +71,9 @@ def test_every_page_draws_its_charts_and_tables_on_the_sample_store(sample_root,
             assert any(expected in t for t in got), (page, expected, got)
         assert len(at.dataframe) >= tables, (page, len(at.dataframe))
         assert at.title and at.title[0].value, page
+        for chart in at.get("plotly_chart"):  # every legend entry names something drawn, and looks unlike the others
+            fig = figure_from_spec(chart.proto.spec)
+            assert not legend_problems(fig), (page, fig.layout.title.text, legend_problems(fig))
         if titles:  # every chart comes with its caption and a PNG export button
             assert len(at.get("download_button")) >= len(titles), page
 
