@@ -149,10 +149,11 @@ def _hide_covered(data: list, drawn: set[int]) -> None:
         return [m for m in data if m.legendgroup == t.legendgroup] if t.legendgroup else [t]
 
     for under in data:
-        if not (_in_legend(under) and id(under) in drawn):
+        parts = [m for m in group(under) if id(m) in drawn]
+        if not (_in_legend(under) and parts):
             continue
         covers = []
-        for part in (m for m in group(under) if id(m) in drawn):
+        for part in parts:
             over = next((t for t in data[index[id(part)] + 1:] if id(t) in drawn and _same_points(part, t)), None)
             if over is None:
                 break
