@@ -134,6 +134,67 @@ def _pages(browser, url: str, pages: dict[str, str], warm_repeats: int, timeout_
     return out
 
 
+def _tree_cpu_s(root: int) -> float:
+    """CPU seconds of ``root`` and every live descendant, their reaped children included (Linux ``/proc``)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    parent, cpu = {}, {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parent[int(pid)], cpu[int(pid)] = int(fields[1]), sum(int(v) for v in fields[11:15]) / tick
+    total = 0.0
+    for pid, seconds in cpu.items():
+        p = pid
+        while p and p != root:
+            p = parent.get(p, 0)
+        total += seconds if p == root else 0.0
+    return total
+
+
+def measure_paired(data: str, *, rounds: int, pages: dict[str, str], timeout_ms: int = 180_000) -> dict:
+    """Each page's warm load right after a floor load, ``rounds`` times round-robin (both servers up).
+
+    On a shared machine the load drifts by the minute; a page timed beside its
+    own floor load cancels that drift, so the ratio is the median of the pairs'
+    ratios.  Also the CPU seconds of each load (browser, both servers), which
+    queueing for a core does not inflate.
+    """
+    from playwright.sync_api import sync_playwright
+
+    chromium = _chromium()
+    if chromium is None:
+        return {"error": "Debian's chromium is not installed (apt-get install -y chromium)"}
+    floor_proc, floor_url = _start(data, floor=True)
+    proc, url = _start(data)
+    me = os.getpid()
+    samples: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in pages}
+    try:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS, headless=True)
+            ctx = browser.new_context(viewport={"width": 1400, "height": 1000})
+            for r in range(rounds + 1):  # round 0 warms both servers' caches and the browser's
+                for name, path in pages.items():
+                    c0 = _tree_cpu_s(me)
+                    floor_s = _load(ctx, floor_url, timeout_ms)[0]
+                    c1 = _tree_cpu_s(me)
+                    page_s = _load(ctx, f"{url}/{path}", timeout_ms)[0]
+                    c2 = _tree_cpu_s(me)
+                    if r:
+                        samples[name].append((page_s, floor_s, c2 - c1, c1 - c0))
+            browser.close()
+    finally:
+        _stop(proc)
+        _stop(floor_proc)
+    med = lambda xs: round(statistics.median(xs), 3)  # noqa: E731
+    return {name: {"warm_s": med([s[0] for s in rows]), "floor_s": med([s[1] for s in rows]),
+                   "over_floor": med([s[0] / s[1] for s in rows]),
+                   "cpu_s": med([s[2] for s in rows]), "floor_cpu_s": med([s[3] for s in rows]),
+                   "cpu_over_floor": med([s[2] / s[3] for s in rows if s[3] > 0])}
+            for name, rows in samples.items()}
+
+
 def measure(data: str, *, warm_repeats: int = 3, timeout_ms: int = 180_000, pages: dict[str, str] = PAGES) -> dict:
     """Cold, warm and new-visitor seconds of each page of ``PAGES`` on the store at ``data``,
     and of the framework's floor (``dashboard_floor.py``: one Plotly chart, no data) in the same run."""
@@ -182,8 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=200_000, help="request-steps of the generated store")
     ap.add_argument("--workdir", default="/tmp/dspark-bench-dashboard", help="where the store is generated")
     ap.add_argument("--all-pages", action="store_true", help="every page, not only Overview and Calibration")
+    ap.add_argument("--page", action="append", choices=sorted(ALL_PAGES), default=None,
+                    help="only this page (repeatable); the floor is always timed beside it")
     ap.add_argument("--warm-repeats", type=int, default=3)
+    ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
+                    help="time each page right after a floor load, ROUNDS times round-robin (ratio: median of "
+                         "the pairs; with CPU seconds): steadier on a loaded machine than one floor per run")
     args = ap.parse_args(argv)
+    chosen = ({p: ALL_PAGES[p] for p in args.page} if args.page else ALL_PAGES if args.all_pages else PAGES)
     sys.path.insert(0, str(ROOT))
     from bench.gen_store import RUN_ID, generate
 
@@ -195,11 +262,16 @@ def main(argv: list[str] | None = None) -> int:
             subprocess.run([sys.executable, "-m", "dspark_obs.cli", *cmd], cwd=ROOT, check=True,
                            stdout=subprocess.DEVNULL)
     load_before = os.getloadavg()[0]
-    r = measure(str(store), warm_repeats=args.warm_repeats, pages=ALL_PAGES if args.all_pages else PAGES)
+    if args.paired:
+        paired = measure_paired(str(store), rounds=args.paired, pages=chosen)
+        print(json.dumps({"rows": args.rows, "rounds": args.paired, "load_1m_before": round(load_before, 2),
+                          "load_1m_after": round(os.getloadavg()[0], 2), **paired}, indent=1))
+        return 0
+    r = measure(str(store), warm_repeats=args.warm_repeats, pages=chosen)
     floor = r.get("floor.warm_s")
     out = {"rows": args.rows, "load_1m_before": round(load_before, 2), "load_1m_after": round(os.getloadavg()[0], 2),
            "floor_warm_s": floor}
-    for name in (ALL_PAGES if args.all_pages else PAGES):
+    for name in chosen:
         warm = r.get(f"{name}.warm_s")
         out[name] = {"warm_s": warm, "cold_s": r.get(f"{name}.cold_s"), "charts": r.get(f"{name}.charts"),
                      "errors": r.get(f"{name}.errors"),

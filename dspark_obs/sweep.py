@@ -12,8 +12,10 @@ methods differ only in speculation:
   (SGLang's ``/set_internal_state`` ``dspark_force_budget_frac = 1.0``), as the write-up defines it.
 
 On the embedded emulator each method gets a server of its own (same seed, same
-cost model); against a real server (``url``) the sweep drives the server it is
-given, sets the forced budget for ``no-trim`` and clears it after.
+cost model).  Against real servers, each method is driven on the server it is
+given (``servers``: method -> URL; methods differ by how the server was launched,
+e.g. ``SGLANG_RAGGED_VERIFY_MODE=static`` for fixed-window), or all on one
+``url``; ``no-trim`` sets the forced budget on its server and clears it after.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class SweepOptions:
     max_new_tokens: int = 192
     temperature: float = 0.7
     seed: int = 0
-    url: Optional[str] = None  # a real server: drive it instead of starting emulators
+    url: Optional[str] = None  # one real server for every method: drive it instead of starting emulators
+    servers: dict[str, str] = dataclasses.field(default_factory=dict)  # method -> its real server's URL
 
     def __post_init__(self) -> None:
         unknown = [m for m in self.methods if m not in METHODS]
@@ -65,7 +68,15 @@ class SweepOptions:
             raise SweepError(f"concurrency must be integers >= 1, got {list(self.concurrency)}")
         if not self.workloads:
             raise SweepError("at least one workload is needed, e.g. gsm8k,poetry")
-        if self.url and "no-spec" in self.methods:
+        stray = [m for m in self.servers if m not in METHODS]
+        if stray:
+            raise SweepError(f"--server {stray[0]}=...: {stray[0]!r} is not a method; methods: {', '.join(METHODS)}")
+        if self.servers:
+            missing = [m for m in self.methods if m not in self.servers and not self.url]
+            if missing:
+                raise SweepError(f"no server for method {', '.join(missing)}: give --server {missing[0]}=URL for "
+                                 f"each method swept (or --url for all), or leave it out of --method")
+        if (self.url or self.servers) and "no-spec" in self.methods:
             raise SweepError("no-spec on a real server needs a server without DSpark, which exposes no "
                              "dspark_info_record to collect from: sweep it on the emulator, or leave no-spec "
                              "out of --method for --url")
@@ -75,6 +86,10 @@ class SweepOptions:
         """The CI-sized sweep: 6 concurrencies x 4 methods x 2 workloads of short requests."""
         base = dict(concurrency=QUICK_CONCURRENCY, requests_per_slot=2, min_requests=8, max_new_tokens=64)
         return cls(sweep_id, **{**base, **changes})
+
+    def server_of(self, method: str) -> Optional[str]:
+        """The real server a method is driven on (None: the emulator)."""
+        return self.servers.get(method) or self.url
 
     def requests_at(self, concurrency: int) -> int:
         return max(self.min_requests, self.requests_per_slot * concurrency)
@@ -111,8 +126,8 @@ def run_sweep(store, opts: SweepOptions, *, on_point: Callable[[SweepPoint, Any]
     run_ids = []
     for method in opts.methods:
         mine = [p for p in points(opts) if p.method == method]
-        if opts.url is not None:
-            run_ids += _drive_real(store, opts, mine, on_point)
+        if opts.server_of(method) is not None:
+            run_ids += _drive_real(store, opts, mine, opts.server_of(method), on_point)
             continue
         with SubprocessServer(seed=opts.seed, lockstep_wait_s=LOCKSTEP_WAIT_S, **EMULATOR_OPTIONS[method]) as server:
             for point in mine:
@@ -121,26 +136,26 @@ def run_sweep(store, opts: SweepOptions, *, on_point: Callable[[SweepPoint, Any]
     return run_ids
 
 
-def _drive_real(store, opts: SweepOptions, mine: list[SweepPoint], on_point) -> list[str]:
+def _drive_real(store, opts: SweepOptions, mine: list[SweepPoint], url: str, on_point) -> list[str]:
     """A real server's points: the forced budget for no-trim, cleared afterwards whatever happens."""
     from collectors.sglang.companion import CompanionError, check_server
 
     method = mine[0].method
     try:
-        mode = check_server(opts.url).mode
+        mode = check_server(url).mode
     except CompanionError as exc:
         raise SweepError(str(exc).replace(", and SGLANG_RAGGED_VERIFY_MODE=cap-accept for a companion", "")) from exc
     if mode and mode != REAL_SERVER_MODE[method]:
-        raise SweepError(f"{opts.url} runs SGLANG_RAGGED_VERIFY_MODE={mode}; method {method} needs "
-                         f"{REAL_SERVER_MODE[method]}: give --method for what the server runs")
+        raise SweepError(f"{url} runs SGLANG_RAGGED_VERIFY_MODE={mode}; method {method} needs "
+                         f"{REAL_SERVER_MODE[method]}: give --server {method}=URL of a server launched for it")
     forced = method == "no-trim"
     if forced:
-        _force_budget(opts.url, 1.0)
+        _force_budget(url, 1.0)
     try:
-        return [_collect_point(store, opts, p, opts.url, on_point) for p in mine]
+        return [_collect_point(store, opts, p, url, on_point) for p in mine]
     finally:
         if forced:
-            _force_budget(opts.url, None)
+            _force_budget(url, None)
 
 
 def _set_emulator_lockstep(url: str, concurrency: int, total: int) -> None:

@@ -179,3 +179,44 @@ def test_sweep_command_refuses_bad_options_before_running(tmp_path):
     bad = runner.invoke(app, ["sweep", "--out", str(tmp_path / "d"), "--method", "compact,mtp"])
     assert bad.exit_code != 0 and "not among" in " ".join(bad.output.split())
     assert not (tmp_path / "d").exists()
+
+
+def test_a_real_server_sweep_drives_each_method_on_its_own_server(tmp_path, emulator):
+    """Two HTTP servers launched for two methods (compact; static for fixed-window), one --server each."""
+    from typer.testing import CliRunner
+
+    from dspark_obs.cli import app
+
+    compact, static = emulator(mode="compact", seed=0), emulator(mode="static", seed=0)
+    out = tmp_path / "d"
+    res = CliRunner().invoke(app, [
+        "sweep", "--out", str(out), "--sweep-id", "real", "--quick", "--concurrency", "1,4", "--workload", "gsm8k",
+        "--max-new-tokens", "24", "--server", f"compact={compact.url}", "--server", f"fixed-window={static.url}"])
+    assert res.exit_code == 0, res.output
+    runs = sql.query(sql.connect(out), "SELECT run_id, sweep_id, method, concurrency, mode, server_url FROM runs "
+                                       "ORDER BY run_id").to_pandas()
+    assert list(runs["run_id"]) == ["real-compact-gsm8k-c001", "real-compact-gsm8k-c004",
+                                    "real-fixed-window-gsm8k-c001", "real-fixed-window-gsm8k-c004"]
+    assert set(runs["sweep_id"]) == {"real"} and list(runs["concurrency"]) == [1, 4, 1, 4]
+    by_method = runs.groupby("method").agg({"server_url": set, "mode": set})
+    assert by_method.loc["compact", "server_url"] == {compact.url} and by_method.loc["compact", "mode"] == {"compact"}
+    assert by_method.loc["fixed-window", "server_url"] == {static.url}
+    assert by_method.loc["fixed-window", "mode"] == {"static"}
+    served = sql.query(sql.connect(out), "SELECT run_id, count(*) AS n FROM requests GROUP BY 1").to_pandas()
+    assert len(served) == 4 and (served["n"] == 8).all()  # quick: max(8, 2 x concurrency) requests per point
+
+
+def test_a_real_server_sweep_refuses_a_method_without_its_server_or_on_the_wrong_one(tmp_path, emulator):
+    from typer.testing import CliRunner
+
+    from dspark_obs.cli import app
+
+    runner = CliRunner()
+    static = emulator(mode="static", seed=0)
+    base = ["sweep", "--out", str(tmp_path / "d"), "--quick", "--concurrency", "1", "--workload", "gsm8k"]
+    bad = runner.invoke(app, [*base, "--method", "compact,fixed-window", "--server", f"fixed-window={static.url}"])
+    assert bad.exit_code == 2 and "no server for method compact" in " ".join(bad.output.split())
+    bad = runner.invoke(app, [*base, "--server", "compact"])
+    assert bad.exit_code == 2 and "METHOD=URL" in " ".join(bad.output.split())
+    bad = runner.invoke(app, [*base, "--server", f"compact={static.url}"])  # a static server is not compact
+    assert bad.exit_code == 1 and "method compact needs compact" in " ".join(bad.output.split())

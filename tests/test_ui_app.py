@@ -9,6 +9,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import dspark_obs.ui
+from legend_checks import figure_from_spec, legend_problems
 from sample_store import build_sample_store
 
 APP = str(Path(dspark_obs.ui.__file__).with_name("app.py"))
@@ -30,9 +31,7 @@ PAGES = {
     "throughput": (["Total throughput vs per-user speed", "Per-user speed by workload and concurrency",
                     "Latency percentiles per run"], 2),
     "compare": (["against"], 1),
-    "requests": (["window, accepted drafts and full-block ceiling",
-                  "Confidence and survival per step and draft position",
-                  "Committed tokens and their target logprobs"], 1),
+    "requests": (["window, accepted drafts and full-block ceiling"], 0),
     "sql_console": ([], 0),
 }
 
@@ -72,6 +71,9 @@ def test_every_page_draws_its_charts_and_tables_on_the_sample_store(sample_root,
             assert any(expected in t for t in got), (page, expected, got)
         assert len(at.dataframe) >= tables, (page, len(at.dataframe))
         assert at.title and at.title[0].value, page
+        for chart in at.get("plotly_chart"):  # every legend entry names something drawn, and looks unlike the others
+            fig = figure_from_spec(chart.proto.spec)
+            assert not legend_problems(fig), (page, fig.layout.title.text, legend_problems(fig))
         if titles:  # every chart comes with its caption and a PNG export button
             assert len(at.get("download_button")) >= len(titles), page
 
@@ -146,6 +148,19 @@ def test_calibration_page_shows_stored_sts_fits_one_and_offers_the_json(sample_r
     at.segmented_control(key="cal_compare").set_value("workloads").run()
     _assert_clean(at)
     assert any(t.startswith("Reliability of survival") for t in _chart_titles(at))
+
+
+def test_request_explorer_draws_one_view_at_a_time(sample_root, monkeypatch):
+    at = _open(_app(sample_root, monkeypatch), "requests")
+    assert len(at.get("plotly_chart")) == 1 and "window, accepted drafts" in _chart_titles(at)[0]
+    for view, title in (("confidences and survival", "Confidence and survival per step and draft position"),
+                        ("committed tokens", "Committed tokens and their target logprobs")):
+        at.segmented_control(key="url-rq_view").set_value(view).run()
+        _assert_clean(at)
+        assert _chart_titles(at) == [title]
+        assert at.query_params["rq_view"] in (view, [view])  # the view is in the URL, to be shared
+    at.segmented_control(key="url-rq_view").set_value("step timeline").run()
+    assert "rq_view" not in at.query_params  # the default view leaves the URL plain
 
 
 def test_request_explorer_switches_requests(sample_root, monkeypatch):

@@ -368,3 +368,11 @@ def test_a_workload_has_one_colour_on_every_chart():
     assert [t for t in charts.verify_len_distribution(DIST).data if t.name == "poetry"][0].marker.color == color
     assert charts.request_timeline(STEPS, workload="poetry").data[1].marker.color == color
     assert [t for t in charts.accept_vs_ceiling(WORKLOADS).data if t.type == "bar"][0].marker.color[1] == color
+
+
+def test_layout_regressions_stay_fixed_bars_from_zero_and_two_ceiling_sources_two_symbols():
+    util = charts.utilisation_by_workload(charts.window_summary(DIST))
+    assert util.layout.yaxis.range[0] == 0  # a bar's length is its value (it once started at 78%)
+    fig = charts.accept_vs_ceiling(WORKLOADS)
+    keys = {t.name: t.marker.symbol for t in fig.data if t.name and t.name.startswith("full-block ceiling")}
+    assert len(keys) == 2 and len(set(keys.values())) == 2, keys  # exact filled, estimate open: never two alike

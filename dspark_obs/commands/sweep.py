@@ -22,6 +22,20 @@ def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
 
 
+def _servers(values: list[str]) -> dict[str, str]:
+    """``--server METHOD=URL`` values as {method: url}."""
+    out: dict[str, str] = {}
+    for value in values:
+        method, sep, url = value.partition("=")
+        if not sep or not method.strip() or not url.strip().startswith(("http://", "https://")):
+            raise typer.BadParameter(f"{value!r}: give METHOD=URL, e.g. --server compact=http://127.0.0.1:30000",
+                                     param_hint="--server")
+        if method.strip() in out:
+            raise typer.BadParameter(f"{method.strip()} is given twice", param_hint="--server")
+        out[method.strip()] = url.strip().rstrip("/")
+    return out
+
+
 def run_sweep_with_progress(out: Path, opts, *, console) -> list[str]:
     """Run the sweep with a progress bar over its points; the run ids."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -55,7 +69,8 @@ def register(app: typer.Typer) -> None:
         max_new_tokens: Optional[int] = typer.Option(None, min=1, help="Output limit per request (default 192; --quick: 64)."),
         temperature: float = typer.Option(0.7, min=0.0, help="Sampling temperature of the traffic (0 = greedy)."),
         seed: int = typer.Option(0, min=0, help="Seed of the emulators and the traffic."),
-        url: Optional[str] = typer.Option(None, help="Drive this real server instead of the emulator (its method: --method; no-trim sets dspark_force_budget_frac=1.0 and clears it after)."),
+        url: Optional[str] = typer.Option(None, help="Drive this one real server for every method instead of the emulator (no-trim sets dspark_force_budget_frac=1.0 and clears it after)."),
+        server: list[str] = typer.Option([], "--server", metavar="METHOD=URL", help="A real server for one method, repeatable: methods differ by how the server was launched, e.g. --server compact=http://h:30000 --server fixed-window=http://h:30001 (SGLANG_RAGGED_VERIFY_MODE=static). Without --method, the methods given here are swept."),
     ) -> None:
         """Sweep driver concurrency for each speculation method; each point is its own run.
 
@@ -65,13 +80,20 @@ def register(app: typer.Typer) -> None:
         runs carry sweep_id, method and concurrency, and the dashboard's Throughput page and
         the report draw them as Fig. 1 and Fig. 3.
 
-        Example: `dspark-obs sweep --out data --quick`
+        Example: `dspark-obs sweep --out data --quick`; against real servers:
+        `dspark-obs sweep --out data --server compact=http://h:30000 --server no-trim=http://h:30000
+        --server fixed-window=http://h:30001`
         """
         from dspark_obs.console import console, fail as _fail
 
         conc = _ints(concurrency) if concurrency else None
-        changes = {k: v for k, v in dict(methods=_names(method), workloads=_names(workload), temperature=temperature,
-                                        seed=seed, url=url, max_new_tokens=max_new_tokens,
+        servers = _servers(server)
+        methods = _names(method)
+        if servers and method == ",".join(sweep.METHODS):  # --method not given: sweep the servers' methods
+            methods = tuple(m for m in sweep.METHODS if m in servers) + tuple(m for m in servers
+                                                                              if m not in sweep.METHODS)
+        changes = {k: v for k, v in dict(methods=methods, workloads=_names(workload), temperature=temperature,
+                                        seed=seed, url=url, servers=servers, max_new_tokens=max_new_tokens,
                                         concurrency=conc).items() if v is not None}
         sid = sweep_id or sweep.default_sweep_id()
         try:

@@ -11,7 +11,7 @@ from typing import Any, Sequence
 
 import streamlit as st
 
-__all__ = ["selectbox", "multiselect", "toggle", "url_values"]
+__all__ = ["selectbox", "multiselect", "segmented_control", "toggle", "url_values"]
 
 
 def url_values(key: str) -> list[str]:
@@ -55,6 +55,19 @@ def multiselect(label: str, options: Sequence[Any], *, key: str, help: str | Non
     default = [o for o, n in zip(options, names) if n in wanted] if wanted & set(names) or current == [] else options
     value = container.multiselect(label, options, default=default, key=f"url-{key}", help=help)
     _write(key, [str(v) for v in value], names)
+    return value
+
+
+def segmented_control(label: str, options: Sequence[str], *, key: str, help: str | None = None, container=st) -> str:
+    """``st.segmented_control`` of one choice kept in the URL as ``?key=value`` (default: the first option).
+
+    A click on the chosen option again would leave nothing chosen: it stays on its choice instead.
+    """
+    options = list(options)
+    wanted = _current(key) or url_values(key)
+    start = wanted[0] if wanted and wanted[0] in options else options[0]
+    value = container.segmented_control(label, options, default=start, key=f"url-{key}", help=help) or start
+    _write(key, [value], options[:1])
     return value
 
 

@@ -25,8 +25,10 @@ from .test_dashboard_browser import ERRORS, LOAD_TIMEOUT_MS, _screenshot
 TWO_RUNS = "?runs=sample-compact&runs=sample-cap-accept"
 # url path -> charts the page draws with the two sample runs selected
 PAGES = {
-    "": 3, "ceiling": 6, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 5, "requests": 3,
+    "": 3, "ceiling": 6, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 5, "requests": 1,
     "compare": 1, "sql_console": 0,
+    # the request explorer draws one view at a time: its other two
+    "requests?rq_view=confidences+and+survival": 1, "requests?rq_view=committed+tokens": 1,
 }
 # Titles of the charts that show a throughput or a latency: each must name its clock.
 TIMED = ("throughput", "latency", "per-user", "speed", "step time")
@@ -93,11 +95,17 @@ def _settle(page, charts: int) -> None:
     page.wait_for_timeout(300)  # let Plotly finish laying out legends and titles
 
 
-@pytest.mark.parametrize("path", list(PAGES), ids=[p or "overview" for p in PAGES])
+def _name(path: str) -> str:
+    """A file-name-safe id: ``requests?rq_view=committed+tokens`` -> ``requests-committed-tokens``."""
+    page, _, query = path.partition("?")
+    return "-".join([page or "overview", *query.partition("=")[2].split("+")]) if query else page or "overview"
+
+
+@pytest.mark.parametrize("path", list(PAGES), ids=[_name(p) for p in PAGES])
 def test_page_with_two_runs_has_no_overlap_no_external_request_and_names_its_clock(page, dashboard_url,
                                                                                   screenshot_dir, path):
     page.external.clear()
-    page.goto(f"{dashboard_url}/{path}{TWO_RUNS}")
+    page.goto(f"{dashboard_url}/{path}{TWO_RUNS if '?' not in path else '&' + TWO_RUNS[1:]}")
     _settle(page, PAGES[path])
     errors = [e.inner_text()[:300] for e in page.locator(ERRORS).all()]
     assert not errors, errors
@@ -109,6 +117,6 @@ def test_page_with_two_runs_has_no_overlap_no_external_request_and_names_its_clo
         assert not _overlaps(chart["parts"]), (path, chart["title"], _overlaps(chart["parts"]))
         if any(word in chart["title"].lower() for word in TIMED):
             assert "wall clock" in chart["text"] or "virtual clock" in chart["text"], (path, chart["title"])
-    _screenshot(page, screenshot_dir / f"{path or 'overview'}.png")
+    _screenshot(page, screenshot_dir / f"{_name(path)}.png")
     assert not page.external, page.external
     assert not page.page_errors, page.page_errors

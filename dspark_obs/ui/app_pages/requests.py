@@ -3,11 +3,45 @@
 import pandas as pd
 import streamlit as st
 
-from dspark_obs.ui import charts, widgets
+from dspark_obs.ui import charts, urlstate, widgets
 
 # ranking -> (column of ui_worst_requests, ascending)
 _RANKINGS = {"tokens lost to trimming": ("tokens_lost", False), "lowest utilisation": ("utilisation", True),
              "slowest": ("e2e_latency_s", False), "submission order": (None, True)}
+
+# A longer list is unusable as a drop-down and costs the browser a second to build on every load.
+_MAX_LISTED = 500
+_VIEWS = ("step timeline", "confidences and survival", "committed tokens")
+_VIEWS_HELP = ("step timeline: the window, accepted drafts and full-block ceiling per step; confidences and "
+               "survival: the head's c_k and S_k per step and position; committed tokens: their target logprobs.")
+
+
+def _steps_view(ds, run: str, rid: str, workload: str, *, timeline: bool) -> None:
+    steps = ds.q("ui_request_steps", run_id=run, rid=rid)
+    if steps.empty:
+        st.info("No decode steps logged for this request (the records may have been lost: see the Overview's "
+                "gaps).", icon=":material/info:")
+    elif timeline:
+        widgets.show_chart(charts.request_timeline(steps, workload=workload,
+                                                   title=f"{rid}: window, accepted drafts and full-block ceiling"),
+                           key="request-timeline")
+        if steps["ceiling_mid"].isna().all() and steps["truth_block"].isna().all():
+            widgets.needs_table(ds, "ceiling", f"dspark-obs estimate --data {{data}} --run {run}",
+                                "The estimated ceiling per step")
+    else:
+        widgets.show_chart(charts.confidence_heatmap(steps), key="request-confidence")
+
+
+def _tokens_view(ds, run: str, rid: str) -> None:
+    tokens = ds.q("ui_request_tokens", run_id=run, rid=rid)
+    if tokens.empty:
+        st.info("No tokens stored for this request (the driver stores them when it asks for logprobs).",
+                icon=":material/info:")
+        return
+    widgets.show_chart(charts.token_logprobs(tokens), key="request-tokens")
+    with st.expander("Tokens with logprobs and top alternatives"):
+        widgets.table(tokens, key="tokens", column_config={"logprob": st.column_config.NumberColumn(format="%.4f")})
+
 
 ds, f = widgets.context()
 st.title("Request explorer")
@@ -46,7 +80,10 @@ with widgets.guard("Request explorer"):
                     "utilisation": st.column_config.NumberColumn(format="percent"),
                     **{c: st.column_config.NumberColumn(format="%.4f") for c in ("e2e_latency_s", "ttft_s", "itl_s")},
                     "tokens_lost": st.column_config.NumberColumn("tokens lost to trimming", format="%.2f")})
-    rid = st.selectbox(f"Request ({len(mine)} shown)", order, key="rq_rid")
+    shown = order[:_MAX_LISTED]
+    label = (f"Request ({len(mine)} shown)" if len(order) <= _MAX_LISTED else
+             f"Request (the first {_MAX_LISTED} of {len(order)} in this order; filter the ids to reach the others)")
+    rid = st.selectbox(label, shown, key="rq_rid")
     req = mine[mine["rid"] == rid].iloc[0]
     m = st.columns(6)
     m[0].metric("workload", str(req["workload"]))
@@ -68,24 +105,9 @@ with widgets.guard("Request explorer"):
             text = "-" if value is None or pd.isna(value) else (f"{value:.1%}" if unit == "%" else f"{value:.3f} {unit}")
             col.metric(label, text.strip(), help=f"on the {clock}" if unit in ("s", "ms") else None)
 
-    steps = ds.q("ui_request_steps", run_id=run, rid=rid)
-    if steps.empty:
-        st.info("No decode steps logged for this request (the records may have been lost: see the Overview's "
-                "gaps).", icon=":material/info:")
+    # One view at a time: a hidden chart would still be built, sent and drawn on every load.
+    view = urlstate.segmented_control("Show", list(_VIEWS), key="rq_view", help=_VIEWS_HELP)
+    if view == "committed tokens":
+        _tokens_view(ds, run, rid)
     else:
-        widgets.show_chart(charts.request_timeline(steps, workload=str(req["workload"]),
-                                                   title=f"{rid}: window, accepted drafts and full-block ceiling"),
-                           key="request-timeline")
-        if steps["ceiling_mid"].isna().all() and steps["truth_block"].isna().all():
-            widgets.needs_table(ds, "ceiling", f"dspark-obs estimate --data {{data}} --run {run}",
-                                "The estimated ceiling per step")
-        widgets.show_chart(charts.confidence_heatmap(steps), key="request-confidence")
-    tokens = ds.q("ui_request_tokens", run_id=run, rid=rid)
-    if tokens.empty:
-        st.info("No tokens stored for this request (the driver stores them when it asks for logprobs).",
-                icon=":material/info:")
-    else:
-        widgets.show_chart(charts.token_logprobs(tokens), key="request-tokens")
-        with st.expander("Tokens with logprobs and top alternatives"):
-            widgets.table(tokens, key="tokens", column_config={
-                "logprob": st.column_config.NumberColumn(format="%.4f")})
+        _steps_view(ds, run, rid, str(req["workload"]), timeline=view == "step timeline")

@@ -16,10 +16,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import pyarrow as pa
 
+from dspark_obs.ui.charts._legend import legend_key, tidy_legend
 from dspark_obs.ui.palette import TEMPLATE_NAME
 
 __all__ = ["as_frame", "new_figure", "caption_of", "no_data", "require_columns", "finite", "sorted_workloads",
-           "legend_right", "legend_key", "axis_titles", "clock_of", "log2_ticks", "draw_limit", "run_colors", "name_clock"]
+           "legend_right", "legend_key", "tidy_legend", "axis_titles", "clock_of", "log2_ticks", "draw_limit", "run_colors", "name_clock"]
 
 LIMIT_COLOR = "#C62828"
 _RUN_COLORS = ("#111111", "#E69F00", "#0072B2", "#CC79A7", "#009E73", "#D55E00")
@@ -67,23 +68,12 @@ def new_figure(title: str, x_title: str | None, y_title: str | None, caption: st
 
 
 def legend_right(fig: go.Figure) -> go.Figure:
-    """Put the legend in a column right of the plot (for long legends and figures with subplot titles)."""
+    """Put the legend in a column right of the plot (for long legends and figures with subplot titles);
+    its entries tidied (:func:`tidy_legend`)."""
+    tidy_legend(fig)
     fig.update_layout(legend=dict(orientation="v", x=1.01, xanchor="left", y=1.0, yanchor="top",
                                   tracegroupgap=4, traceorder="normal"))
     return fig
-
-
-def legend_key(fig: go.Figure, name: str, *, kind: str = "line", **style: Any) -> None:
-    """A legend entry with no data (explains a colour, dash, pattern or symbol used across traces).
-
-    Add keys after the data traces: the first trace of an axis decides whether it is categorical.
-    """
-    if kind == "bar":
-        fig.add_bar(x=[None], y=[None], name=name, marker=style, hoverinfo="skip", showlegend=True)
-    elif kind == "marker":
-        fig.add_scatter(x=[None], y=[None], mode="markers", name=name, marker=style, hoverinfo="skip")
-    else:
-        fig.add_scatter(x=[None], y=[None], mode="lines", name=name, line=style, hoverinfo="skip")
 
 
 def axis_titles(fig: go.Figure) -> dict[str, str]:

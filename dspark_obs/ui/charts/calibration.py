@@ -14,6 +14,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dspark_obs.ui.charts._base import (as_frame, draw_limit, legend_right, new_figure, no_data, require_columns,
+                                        tidy_legend,
                                         sorted_workloads)
 from dspark_obs.ui.palette import label_color, workload_color
 
@@ -174,7 +175,7 @@ def sts_before_after(data) -> go.Figure:
     fig.update_layout(barmode="group")
     fig.update_xaxes(dtick=1)
     fig.update_yaxes(tickformat=".1%", rangemode="tozero")
-    return fig
+    return tidy_legend(fig)
 
 
 def recalibration_held_out(data, *, metric: str = "ece") -> go.Figure:
@@ -209,4 +210,4 @@ def recalibration_held_out(data, *, metric: str = "ece") -> go.Figure:
     fig.update_xaxes(dtick=1)
     if metric == "ece":
         fig.update_yaxes(tickformat=".1%", rangemode="tozero")
-    return fig
+    return tidy_legend(fig)

@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 
 from dspark_obs.ui.charts._base import (
     as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, run_colors, sorted_workloads,
+    tidy_legend,
 )
 from dspark_obs.ui.palette import category_color, mode_dash, mode_pattern, workload_color
 
@@ -118,8 +119,11 @@ def acceptance_by_position(data) -> go.Figure:
         legend_key(fig, workload, color=workload_color(workload), width=3)
     for source, mode in df[["source", "mode"]].drop_duplicates().itertuples(index=False):
         label = "full block, exact (cap-accept/static)" if source == "exact" else "full block, estimate ([lo, hi] band)"
-        legend_key(fig, f"{label}: {mode}", color="#616161", dash=mode_dash(str(mode)), width=2.5)
-    legend_key(fig, "committed", color="#616161", dash="dot", width=1.5)
+        legend_key(fig, f"{label}: {mode}", color="#616161", dash=mode_dash(str(mode)), width=2.5,
+                   marker=dict(size=6, symbol="circle", color="#616161"))
+    # static's full block is dotted too: the open markers tell committed apart
+    legend_key(fig, "committed", color="#616161", dash="dot", width=1.5,
+               marker=dict(size=5, symbol="circle-open", color="#616161"))
     for (run, workload), sub in df.groupby(["run_id", "workload"], sort=False):
         sub = sub.sort_values("position")
         color = workload_color(workload)
@@ -175,7 +179,7 @@ def estimate_categories(data) -> go.Figure:
                     hovertemplate="%{y:.1%} (%{customdata} steps)<extra>" + cat + "</extra>")
     fig.update_layout(barmode="stack")
     fig.update_yaxes(tickformat=".0%", range=[0, 1])
-    return fig
+    return tidy_legend(fig)
 
 
 def _bins(df: pd.DataFrame) -> pd.DataFrame:
@@ -222,7 +226,7 @@ def validation_scatter(data) -> go.Figure:
                             hovertemplate="expected %{x:.3f}, estimate %{y:.3f}<extra>" + str(run) + "</extra>")
     fig.update_xaxes(range=[-0.1, top * 1.05 + 0.1])
     fig.update_yaxes(range=[-0.1, top * 1.05 + 0.1])
-    return fig
+    return tidy_legend(fig)
 
 
 def validation_coverage(data, *, limit: float | None = None) -> go.Figure:
@@ -290,4 +294,4 @@ def validation_bias(data) -> go.Figure:
         fig.update_layout(title_text="Estimate bias by category and workload (all selected runs)")
     fig.add_hline(y=0, line=dict(color="#8A8A8A", width=1))
     fig.update_xaxes(type="multicategory")
-    return fig
+    return tidy_legend(fig)

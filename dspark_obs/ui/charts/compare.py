@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns
+from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
 
 __all__ = ["compare_deltas"]
 
@@ -40,4 +40,4 @@ def compare_deltas(data, *, clock: str, title: str = "Candidate against baseline
     fig.add_vline(x=0, line=dict(color=_FLAT, width=1))
     fig.update_xaxes(tickformat="+.0%")
     fig.update_yaxes(type="category", autorange="reversed", automargin=True)
-    return fig
+    return tidy_legend(fig)

@@ -15,7 +15,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from dspark_obs import costtable as ct
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns
+from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
 from dspark_obs.ui.palette import model_color
 
 __all__ = ["table_from_fit", "predict_cells", "curve_frame", "costmodel_raw_vs_fitted", "predicted_vs_measured",
@@ -112,7 +112,7 @@ def costmodel_raw_vs_fitted(cells, curves=None) -> go.Figure:
             fig.add_scatter(x=sub["m"], y=sub["step_ms"], mode="lines", name=f"fitted, bs={int(b)}",
                             line=dict(color=colors[b], width=2),
                             hovertemplate=f"fitted bs={int(b)}, M %{{x:.0f}}: %{{y:.3f}} ms<extra></extra>")
-    return fig
+    return tidy_legend(fig)
 
 
 def predicted_vs_measured(cells) -> go.Figure:
@@ -141,7 +141,7 @@ def predicted_vs_measured(cells) -> go.Figure:
                         marker=dict(color=model_color(model), size=5 + 10 * np.sqrt(steps / max(steps.max(), 1.0)),
                                     opacity=0.75),
                         hovertemplate="measured %{x:.3f} ms, predicted %{y:.3f} ms<extra>" + model + "</extra>")
-    return fig
+    return tidy_legend(fig)
 
 
 def residuals_by_batch(cells) -> go.Figure:
@@ -166,7 +166,7 @@ def residuals_by_batch(cells) -> go.Figure:
                                     opacity=0.75),
                         hovertemplate="bs %{x}: %{y:+.3f} ms<extra>" + model + "</extra>")
     fig.add_hline(y=0, line=dict(color="#8A8A8A", width=1))
-    return fig
+    return tidy_legend(fig)
 
 
 def error_by_batch(errors) -> go.Figure:
@@ -194,4 +194,4 @@ def error_by_batch(errors) -> go.Figure:
                                   "<extra>" + str(model) + "</extra>")
     fig.update_layout(barmode="group")
     fig.update_yaxes(tickformat=".1%", rangemode="tozero")
-    return fig
+    return tidy_legend(fig)

@@ -6,7 +6,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns
+from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
 
 __all__ = ["expected_vs_actual"]
 
@@ -36,4 +36,4 @@ def expected_vs_actual(data: Any) -> go.Figure:
                         line=dict(dash="dot", color=color), hovertemplate="k %{x}: %{y:.3f}<extra></extra>")
     fig.update_yaxes(range=[0, 1.02])
     fig.update_xaxes(dtick=1)
-    return fig
+    return tidy_legend(fig)

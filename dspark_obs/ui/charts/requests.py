@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns
+from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
 from dspark_obs.ui.palette import TOKEN_SOURCE_COLORS, workload_color
 
 __all__ = ["request_timeline", "confidence_heatmap", "token_logprobs"]
@@ -58,7 +58,7 @@ def request_timeline(data, *, workload: str | None = None, title: str | None = N
                         hovertemplate="step %{x}: truth %{y}<extra></extra>")
     fig.update_layout(barmode="overlay", bargap=0.1)
     fig.update_yaxes(rangemode="tozero", dtick=1)
-    return fig
+    return tidy_legend(fig)
 
 
 def _matrix(df: pd.DataFrame, column: str) -> np.ndarray:
@@ -100,7 +100,7 @@ def confidence_heatmap(data) -> go.Figure:
                         line=dict(color="#111111", width=1.5, shape="hvh", dash="dot"), name="accepted",
                         showlegend=False, hoverinfo="skip", row=row, col=1)
         fig.update_yaxes(dtick=1, autorange=True, row=row, col=1)
-    return fig
+    return tidy_legend(fig)
 
 
 def token_logprobs(data) -> go.Figure:
@@ -126,4 +126,4 @@ def token_logprobs(data) -> go.Figure:
                     hovertemplate="pos %{x}: %{y:.3f}" + (" (step %{customdata[0]})" if "step" in sub.columns else "")
                                   + "<extra>" + name + "</extra>")
     fig.update_layout(barmode="overlay", bargap=0.05)
-    return fig
+    return tidy_legend(fig)

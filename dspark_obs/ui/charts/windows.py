@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from dspark_obs.ui.charts._base import (
-    as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, sorted_workloads,
+    as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, sorted_workloads, tidy_legend,
 )
 from dspark_obs.ui.palette import mode_color, mode_dash, mode_pattern, workload_color
 
@@ -106,7 +106,7 @@ def window_by_workload(summary) -> go.Figure:
                         hovertemplate="%{x}: write-up %{y:.2f}<extra></extra>")
     fig.update_layout(barmode="group", bargap=0.25)
     fig.update_yaxes(rangemode="tozero")
-    return fig
+    return tidy_legend(fig)
 
 
 def verify_len_distribution(data, *, max_runs: int = 4) -> go.Figure:
@@ -167,7 +167,7 @@ def utilisation_by_window(data) -> go.Figure:
                         hovertemplate="window %{x}: %{y:.1%} (%{customdata} steps)<extra>%{fullData.name}</extra>")
     fig.update_yaxes(tickformat=".0%")
     fig.update_xaxes(dtick=1)
-    return fig
+    return tidy_legend(fig)
 
 
 def utilisation_by_workload(summary, *, limit: float | None = None) -> go.Figure:
@@ -225,4 +225,4 @@ def budget_timeline(data) -> go.Figure:
                         hovertemplate="forward_ct %{x}: bs %{y:.1f}<extra>" + str(run) + "</extra>",
                         row=2, col=1)
     fig.update_yaxes(rangemode="tozero")
-    return fig
+    return tidy_legend(fig)
