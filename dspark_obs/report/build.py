@@ -16,10 +16,13 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 
 from dspark_obs import __version__
 from dspark_obs import sql as sqlmod
+from dspark_obs.estimators import report_history
+from dspark_obs.objstore import is_url, open_store
 from dspark_obs.report import summary as summary_mod
 from dspark_obs.report.calibration import calibration_section
 from dspark_obs.report.ceiling import ceiling_section
@@ -27,16 +30,23 @@ from dspark_obs.report.collection import collection_section
 from dspark_obs.report.costmodel import costmodel_section
 from dspark_obs.report.gates import Outcome, judge
 from dspark_obs.report.inputs import (
-    InputError, RunInfo, Selection, check_readable, connect, ensure_stages, read_runs, select_runs,
+    InputError,
+    RunInfo,
+    Selection,
+    check_readable,
+    connect,
+    ensure_stages,
+    read_runs,
+    select_runs,
 )
 from dspark_obs.report.model import Figure
 from dspark_obs.report.plots import HISTORY_METRICS, build_charts, history_frame, newest_sweep
+from dspark_obs.report.png import export_pngs
 from dspark_obs.report.render_html import render_html
 from dspark_obs.report.render_md import render_markdown
 from dspark_obs.report.sts import sts_section
-from dspark_obs.report.trimming import health_section
 from dspark_obs.report.thresholds import Thresholds, load_thresholds
-from dspark_obs.objstore import is_url, open_store
+from dspark_obs.report.trimming import health_section
 from dspark_obs.store import Store
 
 __all__ = ["ReportOptions", "ReportResult", "build_report", "HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "PNG_DIR"]
@@ -116,8 +126,6 @@ def _run_stages(store: Store, sel: Selection, th: Thresholds, recompute: bool, e
 
 def build_report(opts: ReportOptions) -> ReportResult:
     """Make the report described by ``opts`` (see the module docstring)."""
-    import duckdb
-
     th = load_thresholds(opts.thresholds)
     if opts.n_bootstrap is not None:
         th = th.with_overrides(n_bootstrap=opts.n_bootstrap)
@@ -173,8 +181,6 @@ def build_report(opts: ReportOptions) -> ReportResult:
                           history=history_frame(previous, figures, started), limits=limits, sweep=sweep)
     pngs: dict[str, str] = {}
     if opts.png:
-        from dspark_obs.report.png import export_pngs
-
         written, png_notes = export_pngs(charts, out / PNG_DIR)
         pngs = {name: str(Path(path).relative_to(out)) for name, path in written.items()}
         notes += png_notes
@@ -240,8 +246,6 @@ def _summary(report_id, generated, root, sel: Selection, baselines, th: Threshol
 
 def _append_history(store: Store, report_id: str, generated: _dt.datetime, status: str, figures: list[Figure],
                     started: dict, notes: list[str]) -> None:
-    from dspark_obs.estimators import report_history
-
     by_run: dict[str, list[dict]] = {}
     for f in figures:
         t, d = f.threshold, f.drift

@@ -24,8 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow.parquet as pq
 
+from dspark_obs import quarantine
+from dspark_obs import sql as sqlmod
+from dspark_obs.estimators import calibration as cal
+from dspark_obs.estimators import ceiling, costmodel
 from dspark_obs.store import PART_GLOB, Store
 
 __all__ = ["InputError", "RunInfo", "Selection", "parse_duration", "connect", "read_runs", "select_runs",
@@ -107,12 +112,6 @@ def connect(root: Path):
     Creating the views reads the footer of every part file, so a truncated file
     fails here; the store is then scanned file by file to name it.
     """
-    import duckdb
-
-    from dspark_obs import sql as sqlmod
-
-    from dspark_obs import quarantine
-
     try:
         con = sqlmod.connect(root)
     except duckdb.Error as exc:
@@ -132,10 +131,6 @@ def connect(root: Path):
 
 def read_runs(con, root: Path) -> list[RunInfo]:
     """Every run of the store (query ``report_runs``); InputError when the store cannot be read."""
-    import duckdb
-
-    from dspark_obs import sql as sqlmod
-
     _scan_part_files(root, tables=["runs"])
     try:
         rows = sqlmod.query(con, "report_runs", timeout_s=120).to_pylist()
@@ -250,10 +245,6 @@ def ensure_stages(store: Store, run: RunInfo, *, companion: str | None, n_bootst
     report shows that section as unavailable instead of failing.  ``engine`` (a
     RayEngine) runs the ceiling and calibration stages on Ray.
     """
-    from dspark_obs import sql as sqlmod
-    from dspark_obs.estimators import calibration as cal
-    from dspark_obs.estimators import ceiling, costmodel
-
     notes: list[str] = []
     con = sqlmod.connect(_root(store))
     rid = run.run_id
