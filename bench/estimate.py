@@ -33,19 +33,19 @@ def _arrays(root: str, max_rows: int):
     """The inputs of the walk, as ``estimate_run`` builds them, for the first ``max_rows``
     request-steps (whole requests; the rule's cost per row does not depend on the store's size)."""
     from dspark_obs import sql
-    from dspark_obs.estimators.ceiling import io as ceiling_io
+    from dspark_obs.estimators.ceiling import inputs
     from dspark_obs.estimators.chunks import plan_chunks
     from dspark_obs.estimators.ceiling.evidence import padded_lists
 
     con = sql.connect(root)
-    chunk = plan_chunks(*ceiling_io._plan(con, "bench", root), chunk_rows=max_rows)[0]
-    steps, _, gamma = ceiling_io._load_steps(con, "bench", root, chunk)
+    chunk = plan_chunks(*inputs.run_rids(con, "bench", root), chunk_rows=max_rows)[0]
+    steps, _, gamma = inputs.load_steps(con, "bench", root, chunk)
     drafts = padded_lists(steps.column("draft_tokens"), fill=-1, dtype=np.int64)
     conf = padded_lists(steps.column("confidence"), fill=np.nan, dtype=np.float64)
-    window = ceiling_io._np(steps, "verify_len", np.int64, 1) - 1
-    correct = ceiling_io._np(steps, "correct_drafts", np.int64, 0)
-    greedy = ceiling_io._np(steps, "temperature", np.float64, np.nan) == 0.0
-    aligned = ceiling_io._aligned_evidence(con, "bench", steps, drafts, correct, chunk)
+    window = inputs.column_array(steps, "verify_len", np.int64, 1) - 1
+    correct = inputs.column_array(steps, "correct_drafts", np.int64, 0)
+    greedy = inputs.column_array(steps, "temperature", np.float64, np.nan) == 0.0
+    aligned = inputs.aligned_evidence(con, "bench", steps, drafts, correct, chunk)
     return drafts, window, correct, aligned.evidence.realised, aligned.natural_end, greedy, conf
 
 

@@ -16,10 +16,12 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
 import pandas as pd
 
 from dspark_obs import __version__
 from dspark_obs import sql as sqlmod
+from dspark_obs.estimators import report_history
 from dspark_obs.report import summary as summary_mod
 from dspark_obs.report.calibration import calibration_section
 from dspark_obs.report.ceiling import ceiling_section
@@ -27,15 +29,23 @@ from dspark_obs.report.collection import collection_section
 from dspark_obs.report.costmodel import costmodel_section
 from dspark_obs.report.gates import Outcome, judge
 from dspark_obs.report.inputs import (
-    InputError, RunInfo, Selection, check_readable, connect, ensure_stages, read_runs, select_runs,
+    InputError,
+    RunInfo,
+    Selection,
+    check_readable,
+    connect,
+    ensure_stages,
+    read_runs,
+    select_runs,
 )
 from dspark_obs.report.model import Figure
 from dspark_obs.report.plots import HISTORY_METRICS, build_charts, history_frame, newest_sweep
+from dspark_obs.report.png import export_pngs
 from dspark_obs.report.render_html import render_html
 from dspark_obs.report.render_md import render_markdown
 from dspark_obs.report.sts import sts_section
-from dspark_obs.report.trimming import health_section
 from dspark_obs.report.thresholds import Thresholds, load_thresholds
+from dspark_obs.report.trimming import health_section
 from dspark_obs.store import Store, is_url, open_store
 
 __all__ = ["ReportOptions", "ReportResult", "build_report", "figures_stage", "HTML_NAME", "JSON_NAME", "MARKDOWN_NAME", "PNG_DIR"]
@@ -119,8 +129,6 @@ def build_report(opts: ReportOptions) -> ReportResult:
     Long: the report's phases in order (inputs, missing stages, sections, gates, charts, rendering, history),
     each one call; split, the dozen values they share would be passed along by hand.
     """
-    import duckdb
-
     th = load_thresholds(opts.thresholds)
     if opts.n_bootstrap is not None:
         th = th.with_overrides(n_bootstrap=opts.n_bootstrap)
@@ -176,8 +184,6 @@ def build_report(opts: ReportOptions) -> ReportResult:
                           history=history_frame(previous, figures, started), limits=limits, sweep=sweep)
     pngs: dict[str, str] = {}
     if opts.png:
-        from dspark_obs.report.png import export_pngs
-
         written, png_notes = export_pngs(charts, out / PNG_DIR)
         pngs = {name: str(Path(path).relative_to(out)) for name, path in written.items()}
         notes += png_notes
@@ -243,8 +249,6 @@ def _summary(report_id, generated, root, sel: Selection, baselines, th: Threshol
 
 def _append_history(store: Store, report_id: str, generated: _dt.datetime, status: str, figures: list[Figure],
                     started: dict, notes: list[str]) -> None:
-    from dspark_obs.estimators import report_history
-
     by_run: dict[str, list[dict]] = {}
     for f in figures:
         t, d = f.threshold, f.drift

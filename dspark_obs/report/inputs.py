@@ -24,9 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import pyarrow.parquet as pq
 
-from dspark_obs import pipeline
+from dspark_obs import pipeline, quarantine
+from dspark_obs import sql as sqlmod
 from dspark_obs.store import PART_GLOB, Store
 
 __all__ = ["InputError", "RunInfo", "Selection", "parse_duration", "connect", "read_runs", "select_runs",
@@ -108,12 +110,6 @@ def connect(root: Path):
     Creating the views reads the footer of every part file, so a truncated file
     fails here; the store is then scanned file by file to name it.
     """
-    import duckdb
-
-    from dspark_obs import sql as sqlmod
-
-    from dspark_obs import quarantine
-
     try:
         con = sqlmod.connect(root)
     except duckdb.Error as exc:
@@ -133,10 +129,6 @@ def connect(root: Path):
 
 def read_runs(con, root: Path) -> list[RunInfo]:
     """Every run of the store (query ``report_runs``); InputError when the store cannot be read."""
-    import duckdb
-
-    from dspark_obs import sql as sqlmod
-
     _scan_part_files(root, tables=["runs"])
     try:
         rows = sqlmod.query(con, "report_runs", timeout_s=120).to_pylist()

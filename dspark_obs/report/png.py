@@ -28,7 +28,7 @@ def _kaleido_session():
         os.environ["BROWSER_PATH"] = browser
     started = False
     try:
-        import kaleido
+        import kaleido  # why: optional at import (PNG export only, it drives Chromium)
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
+from dspark_obs.estimators import replay
+from dspark_obs.estimators.calibration import sts
+from dspark_obs.estimators.calibration.sts import StsCalibration
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Figure
 
@@ -36,8 +39,6 @@ class StsSection:
 
 def _served_temperatures(run: RunInfo) -> tuple[list[float] | None, str | None]:
     """The STS temperatures the server ran with (None: none), or an error note."""
-    from dspark_obs.estimators.calibration.sts import StsCalibration
-
     path = run.server_info.get("speculative_dspark_confidence_sts_path")
     if not path:
         return None, None
@@ -50,9 +51,6 @@ def _served_temperatures(run: RunInfo) -> tuple[list[float] | None, str | None]:
 
 
 def sts_section(con, runs: list[RunInfo], labels: dict[str, str]) -> StsSection:
-    from dspark_obs.estimators import replay
-    from dspark_obs.estimators.calibration import sts
-
     out = StsSection()
     frames = []
     for run in runs:

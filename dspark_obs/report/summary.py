@@ -27,7 +27,7 @@ def schema() -> dict[str, Any]:
 
 def validate(summary: dict[str, Any]) -> None:
     """Raise ``jsonschema.ValidationError`` unless ``summary`` follows the schema (needs ``jsonschema``)."""
-    import jsonschema
+    import jsonschema  # why: an optional package (the test extra); only validation needs it
 
     jsonschema.Draft202012Validator(schema(), format_checker=jsonschema.FormatChecker()).validate(summary)
 
