@@ -36,10 +36,16 @@ S3_GENERATED_ROWS = 200_000  # compared over moto S3 (see above)
 INPUTS = ("runs", "steps", "step_reqs", "requests", "tokens")   # what a sidecar writes; the rest is computed
 
 
+HANG_GUARD_S = 1800
+"""The suite's per-test timeout (300 s) guards against hangs; a 1M-row comparison on a loaded 2-core
+machine takes longer than that without hanging, so the tier's tests get this one instead."""
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/ray_tier" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.ray)
+            item.add_marker(pytest.mark.timeout(HANG_GUARD_S))
 
 
 @pytest.fixture(scope="session")

@@ -86,7 +86,7 @@ def _assert_results_match(here, there, run: str, what: str) -> None:
 def generated_local(generated_store, tmp_path_factory) -> Store:
     """The 1M store's tables from the local commands (computed once, compared with every Ray run)."""
     data = inputs_copy(generated_store, tmp_path_factory.mktemp("ray-local-1m") / "data")
-    _commands(str(data), "bench", [])
+    _commands(str(data), "bench", [], labels=("observed",))   # reconstructed labels: the 200k store, over S3
     return Store(data)
 
 
@@ -99,9 +99,10 @@ def s3_generated_local(s3_generated_store, tmp_path_factory) -> Store:
 
 def test_the_commands_on_ray_equal_local_on_a_generated_1m_store(generated_store, generated_local, tmp_path,
                                                                   ray_engine):
-    """1M request-steps: 7 chunks, a fitting sample, the bootstrap (CIs) — Ray's tables are the local ones."""
+    """1M request-steps: 7 chunks, a fitting sample, the bootstrap (CIs) — Ray's tables are the local ones
+    (estimate and calibrate --labels observed; both label sources on the 200k store over S3)."""
     data = inputs_copy(generated_store, tmp_path / "data")
-    _commands(str(data), "bench", ["--engine", "ray"])
+    _commands(str(data), "bench", ["--engine", "ray"], labels=("observed",))
     assert generated_local.read("ceiling", "bench").num_rows >= 1_000_000
     _assert_results_match(generated_local, Store(data), "bench", "generated 1M")
 
