@@ -8,10 +8,11 @@ attach-mode copy replayed from an SGLang request log with suffixed rids, and a
 compact server (refused).
 
 Lockstep holds each forward until the closed-loop client has refilled, but
-only while the last submission is less than ``lockstep_wait_s`` old (0.25 s by
-default): on a loaded 2-core machine two finishes can be further apart than
-that, the engine then goes on without the refill, and the batches differ.  The
-child emulators here use 2 s (``dspark-obs emulate`` has no flag for it).
+only while the last submission is less than ``lockstep_wait_s`` old: on a
+loaded 2-core machine two finishes can be further apart than any fixed wait,
+the engine then goes on without the refill, and the batches differ.  The
+child emulators here are told the run's total (as ``sweep`` tells them), so
+they wait for every refill up to 30 s and never at the run's tail.
 """
 
 from __future__ import annotations
@@ -45,13 +46,13 @@ runner = CliRunner()
 
 @contextlib.contextmanager
 def _emulator(mode: str, seed: int = SEED):
-    """An emulator child process in lockstep at CONC (lockstep_wait_s 2); yields its URL."""
+    """An emulator child process in lockstep at CONC for N requests; yields its URL."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     code = ("from dspark_obs.emulator.engine import EngineConfig\n"
             "from dspark_obs.emulator.server import serve\n"
-            f"serve(EngineConfig(mode={mode!r}, seed={seed}, lockstep_concurrency={CONC}, lockstep_wait_s=2.0), "
+            f"serve(EngineConfig(mode={mode!r}, seed={seed}, lockstep_concurrency={CONC}, lockstep_wait_s=30.0), "
             f"port={port})")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     url = f"http://127.0.0.1:{port}"
@@ -64,6 +65,9 @@ def _emulator(mode: str, seed: int = SEED):
                 if httpx.get(f"{url}/health", timeout=1.0).status_code == 200:
                     break
             time.sleep(0.05)
+        told = httpx.post(f"{url}/set_internal_state", timeout=30, json={"server_args": {
+            "emulator_lockstep_concurrency": CONC, "emulator_lockstep_total": N}}).json()
+        assert told["updated"], told
         yield url
     finally:
         proc.terminate()
