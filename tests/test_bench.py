@@ -147,7 +147,7 @@ def test_run_all_writes_its_figures(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all"), "--tiny", "--only",
                            "ingest,collect,estimate", "--json", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=280)
+                          text=True, timeout=1800)  # a hang guard, not a speed check
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     for key in ("ingest.rows_per_s", "ingest.baseline_rows_per_s", "ingest.ratio", "ingest.peak_mb",

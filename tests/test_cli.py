@@ -19,7 +19,7 @@ runner = CliRunner()
 def demo_store(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo")
     proc = subprocess.run([sys.executable, "-m", "dspark_obs.cli", "demo", "--quick", "--no-dashboard",
-                           "--out", str(out)], capture_output=True, text=True, timeout=300)
+                           "--out", str(out)], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr   # its duration is a benchmark figure (bench/), not a test
     return out, proc.stderr
 

@@ -185,7 +185,7 @@ def test_sidecar_counters_scraped_during_the_run_agree_with_the_store(collected,
 def test_the_overview_says_trimming_inactive_for_the_run_without_a_table(collected, monkeypatch):
     root, _ = collected
     monkeypatch.setenv("DSPARK_OBS_DATA", str(root))
-    at = AppTest.from_file(APP, default_timeout=120).run()
+    at = AppTest.from_file(APP, default_timeout=600).run()
     assert not at.exception, [e.value for e in at.exception]
     marks = " ".join(m.value for m in at.markdown)
     assert "**no-table** · trimming inactive" in marks and "**with-table** · trimming active" in marks

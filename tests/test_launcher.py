@@ -40,7 +40,7 @@ def test_launch_collects_from_the_child_stores_its_mode_and_imports_the_estimato
                "--requests", "16", "--concurrency", "4", "--max-new-tokens", "80", "--temperature", "0.8",
                "--api", "chat", "--poll-interval", "0.1", "--flush-interval", "0.5",
                "--estimator-jsonl", str(est), "--", *CLI, "emulate", "--port", str(port)],
-        env=_env(SGLANG_RAGGED_VERIFY_MODE="cap-accept"), capture_output=True, text=True, timeout=120)
+        env=_env(SGLANG_RAGGED_VERIFY_MODE="cap-accept"), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     store = Store(tmp_path / "d")
     run = store.read("runs", "L1").to_pylist()[0]
@@ -100,7 +100,7 @@ def test_a_server_that_exits_ends_the_run_with_its_code(tmp_path):
 
 def test_a_server_that_never_gets_healthy_is_a_clear_error(tmp_path):
     proc = subprocess.run(CLI + ["collect", "--out", str(tmp_path), "--", sys.executable, "-c", "raise SystemExit(7)"],
-                          env=_env(), capture_output=True, text=True, timeout=60)
+                          env=_env(), capture_output=True, text=True, timeout=900)
     assert proc.returncode == 2 and "exited with code 7" in proc.stderr
 
 

@@ -193,7 +193,7 @@ def test_a_corrupt_store_exits_2_naming_the_file(store_root, tmp_path):
 def test_exit_code_and_stderr_of_the_installed_command(tmp_path):
     """The real process: exit code 2 and exactly one line on stderr."""
     proc = subprocess.run([sys.executable, "-m", "dspark_obs.cli", "report", "--data", str(tmp_path), "--out",
-                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "holds no runs" in proc.stderr
 

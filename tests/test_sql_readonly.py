@@ -171,7 +171,7 @@ def test_console_page_shows_the_refusal(root, monkeypatch):
     import dspark_obs.ui
 
     monkeypatch.setenv("DSPARK_OBS_DATA", str(root))
-    at = AppTest.from_file(str(Path(dspark_obs.ui.__file__).with_name("app.py")), default_timeout=90)
+    at = AppTest.from_file(str(Path(dspark_obs.ui.__file__).with_name("app.py")), default_timeout=600)
     at = at.switch_page("app_pages/sql_console.py").run()
     before = _snapshot(root)
     at.text_area(key="sql_text").set_value(_bypasses(root)["explain_analyze_copy_into_run"])

@@ -13,7 +13,7 @@ from legend_checks import figure_from_spec, legend_problems
 from sample_store import build_sample_store
 
 APP = str(Path(dspark_obs.ui.__file__).with_name("app.py"))
-TIMEOUT_S = 90
+TIMEOUT_S = 600  # a hang guard: a loaded machine may take minutes for one page script
 
 # page file -> chart titles (substrings) the page must draw on the sample store, and the minimum number of tables
 PAGES = {
