@@ -10,6 +10,7 @@ bounded by timeouts only (the suite runs on loaded machines).
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import errno
 import os
 import signal
@@ -334,3 +335,19 @@ def test_a_run_where_every_request_failed_exits_1(tmp_path):
     assert run["end_reason"] == "error: all 3 requests failed"
     failed = [g for g in Store(tmp_path).read("gaps", "f").to_pylist() if g["reason"] == "request_failed"]
     assert len(failed) == 3
+
+
+def test_resume_removes_the_half_written_files_a_kill_left(tmp_path):
+    """A kill during a write leaves a hidden ``.part-*.tmp``; resuming the run deletes it, and only its own."""
+    from collectors.sglang import runlife
+
+    store = Store(tmp_path)
+    store.upsert_run("k", started_at=dt.datetime(2026, 12, 2, tzinfo=dt.timezone.utc), source="emulator")
+    mine = tmp_path / "tokens" / "run_id=k" / ".part-20261202T000000000000Z-0000.parquet.tmp"
+    other = tmp_path / "tokens" / "run_id=other" / ".part-20261202T000000000000Z-0001.parquet.tmp"
+    for path in (mine, other):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"half")
+    assert runlife.remove_stale_tmp(store, "k") == 1
+    assert not mine.exists() and other.exists()
+    assert store.read("runs", "k").num_rows == 1

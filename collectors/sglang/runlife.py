@@ -23,6 +23,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import pyarrow.compute as pc
@@ -139,11 +140,10 @@ def remove_stale_tmp(store, run_id: str) -> int:
     files anyway; this keeps the store tidy.  Local stores only (an object
     store never shows a partial object).
     """
-    root = getattr(store, "root", None)
-    if root is None or not hasattr(store, "_part_files"):
+    if not getattr(store, "local", False):
         return 0
     removed = 0
-    for tmp in root.glob(f"*/run_id={run_id}/.part-*.tmp"):
+    for tmp in Path(store.root).glob(f"*/run_id={run_id}/.part-*.tmp"):
         try:
             tmp.unlink()
             removed += 1
