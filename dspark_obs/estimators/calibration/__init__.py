@@ -7,37 +7,37 @@
   ``calibration`` and ``calibration_bins`` (:mod:`.chunks` for large runs, :mod:`.ray` on an engine);
 * :mod:`.sts` -- SGLang's Sequential Temperature Scaling: fit, apply, its JSON;
 * :mod:`.recalibration` -- held-out survival maps (``recalibration``).
+
+The names load on first use (PEP 562), so ``import dspark_obs.estimators.calibration.sts``
+does not pull in DuckDB and pandas with ``calibrate`` (SGLang's fidelity venv has neither).
 """
 
-from dspark_obs.estimators.calibration.calibrate import RunCalibration, calibrate_run, summarise_events
-from dspark_obs.estimators.calibration.events import (
-                                                      LABEL_KINDS,
-                                                      CalibrationDataError,
-                                                      RunEvents,
-                                                      block_events,
-                                                      load_events,
-                                                      observed_events,
-)
-from dspark_obs.estimators.calibration.metrics import (
-                                                      BINNINGS,
-                                                      ReliabilityCurve,
-                                                      auroc_score,
-                                                      bootstrap_calibration_error,
-                                                      brier_score_loss,
-                                                      debiased_calibration_error,
-                                                      expected_calibration_error,
-                                                      log_loss,
-                                                      maximum_calibration_error,
-                                                      parse_binning,
-                                                      reliability_curve,
-)
-from dspark_obs.schema import CALIBRATION, CALIBRATION_BINS
+from __future__ import annotations
 
-__all__ = [
-    "BINNINGS", "LABEL_KINDS", "ReliabilityCurve", "RunEvents", "RunCalibration",
-    "expected_calibration_error", "maximum_calibration_error", "debiased_calibration_error",
-    "brier_score_loss", "log_loss", "auroc_score", "reliability_curve",
-    "bootstrap_calibration_error", "parse_binning", "block_events", "observed_events",
-    "CalibrationDataError", "load_events", "summarise_events", "calibrate_run",
-    "CALIBRATION", "CALIBRATION_BINS",
-]
+import importlib
+
+_HOMES = {
+    "calibrate": ("RunCalibration", "calibrate_run", "summarise_events"),
+    "events": ("LABEL_KINDS", "CalibrationDataError", "RunEvents", "block_events", "load_events", "observed_events"),
+    "metrics": ("BINNINGS", "ReliabilityCurve", "auroc_score", "bootstrap_calibration_error", "brier_score_loss",
+                "debiased_calibration_error", "expected_calibration_error", "log_loss",
+                "maximum_calibration_error", "parse_binning", "reliability_curve"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = [*_HOME_OF, "CALIBRATION", "CALIBRATION_BINS"]
+
+
+def __getattr__(name: str):
+    if name in ("CALIBRATION", "CALIBRATION_BINS"):
+        from dspark_obs import schema
+
+        return getattr(schema, name)
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

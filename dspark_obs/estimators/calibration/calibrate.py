@@ -22,7 +22,6 @@ import functools
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -148,6 +147,8 @@ def _factorize(values: np.ndarray) -> tuple[np.ndarray, list]:
     The same numbering as ``np.unique(values, return_inverse=True)``, by hashing
     each value once and sorting only the distinct ones.
     """
+    import pandas as pd  # at call time: the one pandas use here; the SGLang fidelity venv has no pandas
+
     codes, uniques = pd.factorize(np.asarray(values), use_na_sentinel=False)
     uniques = np.asarray(uniques, dtype=object if np.asarray(values).dtype == object else None)
     if uniques.size == 0:

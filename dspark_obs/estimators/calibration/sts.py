@@ -28,8 +28,6 @@ import msgspec
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from dspark_obs import sql as sqlmod
-from dspark_obs.estimators.calibration.events import load_events
 from dspark_obs.estimators.calibration.metrics import EPS_PROB, binned, check_binning, ece_of
 
 __all__ = ["SGLANG_GRID", "StsCalibration", "StsFit", "raw_logits", "fit_sts", "fit_sts_run"]
@@ -251,6 +249,10 @@ def fit_sts_run(con_or_store, run_id: str, *, labels: str = "observed", companio
     ``companion`` or ``reconstructed`` — a compact run's ``observed`` labels drop
     the censored tails and bias the fit.
     """
+    # at call time: the fit itself needs neither, and SGLang's fidelity venv (no DuckDB) imports this module
+    from dspark_obs import sql as sqlmod
+    from dspark_obs.estimators.calibration.events import load_events
+
     con, _ = sqlmod.connection_and_store(con_or_store)
     ev = load_events(con, run_id, labels=labels, companion=companion)
     current = None if current_temperatures is None else _check_temperatures(
