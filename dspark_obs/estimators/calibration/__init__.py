@@ -23,6 +23,7 @@ _HOMES = {
                 "debiased_calibration_error", "expected_calibration_error", "log_loss",
                 "maximum_calibration_error", "parse_binning", "reliability_curve"),
 }
+_SUBMODULES = ("calibrate", "chunks", "events", "metrics", "ray", "recalibration", "sts")
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [*_HOME_OF, "CALIBRATION", "CALIBRATION_BINS"]
@@ -33,6 +34,8 @@ def __getattr__(name: str):
         from dspark_obs import schema
 
         return getattr(schema, name)
+    if name in _SUBMODULES:  # ``calibration.chunks`` and the like, as an eager package would have them
+        return importlib.import_module(f"{__name__}.{name}")
     module = _HOME_OF.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
