@@ -73,3 +73,20 @@ def test_observation_counters_sum_the_served_requests_and_the_step_loop():
     assert value("step_cpu_steps") == 3 and value("step_cpu_seconds") == 0.060
     per_rank = {s.labels["dp_rank"]: s.value for s in fams["dspark_obs:step_cpu_seconds"].samples}
     assert per_rank == {"0": 0.030, "1": 0.030}
+
+
+def test_every_series_of_the_run_starts_at_zero_before_its_first_batch():
+    """rate() needs a sample before the first increase: ranks, positions and window sizes exist at 0."""
+    counters = HealthCounters()
+    counters.on_run(health.ServerState(mode="compact", gamma=3, sps_table_path="table.json"), dp_size=2)
+    fams = {fam.name: fam for fam in counters.collect()}
+    steps = {s.labels["dp_rank"]: s.value for s in fams["dspark_obs:request_steps"].samples}
+    assert steps == {"0": 0.0, "1": 0.0}
+    positions = {s.labels["position"]: s.value for s in fams["dspark_obs:position_accepted"].samples}
+    assert positions == {"1": 0.0, "2": 0.0, "3": 0.0}
+    lens = {s.labels["verify_len"]: s.value for s in fams["dspark_obs:verify_len_request_steps"].samples}
+    assert lens == {"1": 0.0, "2": 0.0, "3": 0.0, "4": 0.0}
+    counters.add(*_tables(), gamma=3)
+    fams = {fam.name: fam for fam in counters.collect()}
+    steps = {s.labels["dp_rank"]: s.value for s in fams["dspark_obs:request_steps"].samples}
+    assert steps["0"] + steps["1"] == 6

@@ -129,9 +129,23 @@ class HealthCounters:
                             0.0 if self._collect_t0 is None else time.monotonic() - self._collect_t0)
         return out
 
-    def on_run(self, state: health.ServerState) -> None:
+    def on_run(self, state: health.ServerState, *, dp_size: int = 1) -> None:
+        """The run's shape: every series it can have starts at 0 now.
+
+        A labelled counter born at its first fold carries that fold's whole
+        increase in its first sample, which ``rate()`` and ``increase()`` never
+        see (a short run, or a DP rank's first batch, would count as nothing);
+        Prometheus' own advice is to export known label values at 0.
+        """
         self.gamma = state.gamma
         self.cost_table_loaded = state.cost_table_loaded if state.mode != "static" else None
+        with self._lock:
+            for rank in range(max(1, dp_size)):
+                self._rank.setdefault(str(rank), {})
+            for k in range(1, (self.gamma or 0) + 1):
+                self._pos.setdefault(k, {})
+            for v in range(1, (self.gamma or 0) + 2):
+                self._lens.setdefault(v, 0.0)
 
     def add(self, steps: pa.Table, reqs: pa.Table, *, gamma: Optional[int] = None) -> None:
         """Queue one batch (cheap); folded at the next scrape or when ``fold_rows`` wait."""

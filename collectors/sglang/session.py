@@ -259,7 +259,8 @@ class Collector(PollingMixin):
             run_fields = {"ended_at": None, "end_reason": None}
         self.metrics.on_run(run_id=self.opts.run_id, mode=self.summary.mode, gamma=self.summary.gamma,
                             dp_size=self.summary.dp_size, server_url=self.opts.url)
-        self.metrics.health.on_run(ServerState.from_args(args, mode=self.summary.mode, gamma=self.summary.gamma))
+        self.metrics.health.on_run(ServerState.from_args(args, mode=self.summary.mode, gamma=self.summary.gamma),
+                                   dp_size=self.summary.dp_size or 1)
         source = self.opts.source or ("emulator" if args.get("emulator") else "sglang")
         self.store.upsert_run(
             self.opts.run_id, **run_fields, source=source,

@@ -83,6 +83,8 @@ def world(tmp_path_factory):
     instance = {run: f"127.0.0.1:{m.serve(0)}" for run, m in metrics.items()}
     prom = Prometheus(work, sidecars=list(instance.values()),
                       servers=[s.url.removeprefix("http://") for s in [*servers.values(), capped]], rules=ALERTS)
+    for run, m in metrics.items():
+        _scraped_at_zero_before_traffic(m, prom, instance[run])
     try:
         threads = [threading.Thread(target=_drive, args=(servers[run], store, run, metrics[run])) for run in RUNS]
         for t in threads:
@@ -100,6 +102,25 @@ def world(tmp_path_factory):
             m.close()
         for s in [*servers.values(), capped]:
             s.stop()
+
+
+def _scraped_at_zero_before_traffic(metrics: SidecarMetrics, prom: Prometheus, inst: str) -> None:
+    """The sidecar's run start waits until Prometheus holds its zero-valued series.
+
+    A production run is long against the scrape interval; these last a few
+    seconds, so without this a fast machine could finish one before its first
+    scrape and leave ``rate()`` nothing to see.
+    """
+    on_run = metrics.health.on_run
+
+    def on_run_then_wait(*args, **kwargs):
+        on_run(*args, **kwargs)
+        deadline = time.monotonic() + 120
+        while not prom.query(f'dspark_obs:request_steps_total{{instance="{inst}"}}'):
+            assert time.monotonic() < deadline, f"Prometheus never scraped {inst}'s zero-valued series"
+            time.sleep(0.1)
+
+    metrics.health.on_run = on_run_then_wait
 
 
 def _wait_for_final_scrape(prom: Prometheus, instance: dict, metrics: dict) -> None:
