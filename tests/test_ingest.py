@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from collectors.importers import WorkloadResolver
+from collectors.workloads import WorkloadResolver
 from collectors.importers.estimator import estimator_row
 from dspark_obs import sql
 from dspark_obs.cli import app

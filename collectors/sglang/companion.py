@@ -7,7 +7,7 @@ Replaying a compact run's requests there — same prompts, same sampling
 parameters including the per-request ``sampling_seed`` — gives the truth the
 ceiling estimate and the calibration labels are checked against.
 
-This module prepares the replay; ``dspark_obs.commands.companion`` runs it and
+This module prepares the replay; :mod:`collectors.sglang.companion_run` runs it and
 measures the pairing:
 
 * :func:`check_server` reads ``/server_info`` and :func:`require_cap_accept`

@@ -16,6 +16,7 @@ from typing import Optional
 
 import httpx
 import msgspec
+import pyarrow.compute as pc
 
 from collectors.sglang import validate
 from collectors.sglang.cursor import Gap, RankCursor
@@ -49,7 +50,6 @@ class PollingMixin:
         point = self.resumed
         if point is None or self.cursor.segment != point.segment:
             return steps, reqs
-        import pyarrow.compute as pc
 
         for name, marks in (("steps", point.high_water), ("reqs", point.reqs_high_water)):
             mark = marks.get(dp_rank)

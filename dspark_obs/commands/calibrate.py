@@ -91,6 +91,7 @@ def calibrate(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import calibration as cal
 
@@ -137,6 +138,7 @@ def calibrate(
 
 def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, out: Optional[Path], *,
                  fmt: str = "table") -> None:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration import recalibration as rc
 
     kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels
@@ -164,6 +166,7 @@ def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap,
 
 
 def _recalibration_table(result) -> Table:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration import recalibration as rc
 
     table = Table(title=f"Held-out ECE of survival S_k after each map ({result.labels} labels, all workloads; "
@@ -186,6 +189,7 @@ def _recalibration_table(result) -> Table:
 
 
 def _read_sts(path: Path) -> list[float]:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration.sts import StsCalibration
 
     try:
@@ -207,6 +211,7 @@ def _server_sts_path(con, run: str) -> Optional[str]:
 
 def _fit_and_write(con, run, labels, results, companion, current, current_sts, out: Path, *,
                    fmt: str = "table") -> None:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration import sts
 
     kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels

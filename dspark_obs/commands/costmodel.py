@@ -52,6 +52,7 @@ def costmodel(
 
     Example: `dspark-obs costmodel --data D --run static-run --run compact-run --out table.json`
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import costtable, sql
     from dspark_obs.estimators import costmodel as cm
     from dspark_obs.store import Store, validate_run_id
@@ -83,6 +84,7 @@ def costmodel(
 
 
 def _print(report, out: Optional[Path], fmt: str = "table") -> None:
+    # at call time: the CLI imports every command module to declare its options
     from rich.markup import escape
 
     console = Console() if fmt == "table" else err  # csv/json: stdout holds only the tables
@@ -121,6 +123,7 @@ def _print(report, out: Optional[Path], fmt: str = "table") -> None:
                       f"(MAPE {report.overall_mape('fitted') * 100:.2f}% -> "
                       f"{report.overall_mape('fitted+context') * 100:.2f}%)")
     elif report.context_note:
+        # at call time: the CLI imports every command module to declare its options
         from rich.markup import escape
 
         console.print(escape(report.context_note))

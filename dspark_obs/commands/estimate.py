@@ -98,6 +98,7 @@ def estimate(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import ceiling as ceil
     from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
@@ -120,6 +121,7 @@ def estimate(
         err.print(f"{sglang_jsonl}: draft logprobs for {logprobs.num_rows} censored steps")
     fit = None
     if fit_in is not None:
+        # at call time: the CLI imports every command module to declare its options
         from dspark_obs.estimators.ceiling.fit import CeilingFit
 
         try:
@@ -145,6 +147,7 @@ def estimate(
 @contextmanager
 def step_progress(description: str):
     """A transient bar on stderr, advanced by ``progress(done_steps, total_steps)`` after each chunk."""
+    # at call time: the CLI imports every command module to declare its options
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} "

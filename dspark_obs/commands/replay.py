@@ -17,6 +17,7 @@ TIMERS = ("step_gpu_ms", "step_cpu_ms", "target_verify_gpu_ms")
 
 
 def _load_table(path: Optional[Path], flag: str):
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import costtable
 
     if path is None:
@@ -32,6 +33,7 @@ def _load_table(path: Optional[Path], flag: str):
 
 
 def _load_sts(path: Optional[Path], flag: str) -> Optional[list[float]]:
+    # at call time: the CLI imports every command module to declare its options
     import msgspec
 
     if path is None:
@@ -51,6 +53,7 @@ def _load_sts(path: Optional[Path], flag: str) -> Optional[list[float]]:
 
 
 def _load_recalibration(path: Optional[Path]):
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration.recalibration import load_survival_map
 
     if path is None:
@@ -98,6 +101,7 @@ def replay(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import sql
     from dspark_obs.estimators import replay as rp
     from dspark_obs.store import Store, validate_run_id
@@ -132,6 +136,7 @@ def replay(
 
 
 def _print(report, fmt: str = "table") -> None:
+    # at call time: the CLI imports every command module to declare its options
     from rich.markup import escape
 
     console = Console() if fmt == "table" else err  # csv/json: stdout holds only the table
@@ -164,6 +169,7 @@ def _print(report, fmt: str = "table") -> None:
 
 
 def _interval(mid: float, lo: float, hi: float, digits: int) -> str:
+    # at call time: the CLI imports every command module to declare its options
     from rich.markup import escape
 
     text = f"{mid:.{digits}f}"

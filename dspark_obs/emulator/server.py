@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import socket
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ from starlette.routing import Route
 from dspark_obs import costtable as ct
 from dspark_obs.emulator.dumper import ALL_COMPONENTS
 from dspark_obs.emulator.engine import Engine, EngineConfig, GenerateRequest, detokenize
+from dspark_obs.emulator.methods import check_force_budget_frac
 from dspark_obs.emulator.subprocess_server import SubprocessServer  # noqa: F401 - callers import it from here
 
 SGLANG_VERSION = "0.5.23"
@@ -45,6 +47,7 @@ MODEL_PATH = "dspark-obs/emulator-target"
 def make_engine(cfg: EngineConfig) -> Engine:
     """The engine ``cfg`` asks for: the real-model engine for a ``RealModelConfig``, else the stochastic one."""
     if getattr(cfg, "model", None):
+        # at call time: only --model loads torch (the optional [model] extra)
         from dspark_obs.emulator.realmodel.engine import RealModelEngine
 
         return RealModelEngine(cfg)
@@ -346,7 +349,6 @@ class EmulatorApp:
             self.engine.set_lockstep(int(args["emulator_lockstep_concurrency"] or 0),
                                      int(args.get("emulator_lockstep_total") or 0))
         if "dspark_force_budget_frac" in args:
-            from dspark_obs.emulator.methods import check_force_budget_frac
 
             frac = args["dspark_force_budget_frac"]
             try:
@@ -395,7 +397,6 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> "BackgroundServer":
-        import socket
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -17,6 +17,7 @@ import streamlit as st
 from dspark_obs.ui import urlstate
 from dspark_obs.ui.charts import caption_of
 from dspark_obs.ui.data import DataSource, Filters
+from dspark_obs.ui.export import ExportError, figure_png
 
 __all__ = ["DATA_ENV", "data_root", "context", "set_context", "sidebar_filters", "show_chart", "guard",
            "empty_store_notice", "needs_table", "table", "cli_root"]
@@ -83,7 +84,6 @@ def needs_table(ds: DataSource, table: str, command: str, what: str) -> None:
 
 def _png_callback(fig: go.Figure):
     def render() -> bytes:
-        from dspark_obs.ui.export import ExportError, figure_png
 
         try:
             return figure_png(fig)

@@ -31,6 +31,7 @@ __all__ = [*_HOME_OF, "CALIBRATION", "CALIBRATION_BINS"]
 
 def __getattr__(name: str):
     if name in ("CALIBRATION", "CALIBRATION_BINS"):
+        # on first use: the package's names load lazily (see the module docstring)
         from dspark_obs import schema
 
         return getattr(schema, name)

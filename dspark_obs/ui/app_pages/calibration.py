@@ -5,6 +5,7 @@ import json
 import pandas as pd
 import streamlit as st
 
+from dspark_obs.estimators.calibration import sts
 from dspark_obs.ui import charts, verdicts, widgets
 from dspark_obs.ui.charts._base import sorted_workloads
 from dspark_obs.ui.charts.calibration import RECALIBRATION_ORDER
@@ -26,7 +27,6 @@ _METRICS = ("ece", "debiased_ece", "brier", "auroc")
 @st.cache_data(show_spinner="Fitting STS temperatures ...", max_entries=32)
 def _fit_sts(root: str, version: str, run: str, labels: str, current: tuple | None) -> dict:
     """Fit STS on the run (cached per store version); plain data for the page."""
-    from dspark_obs.estimators.calibration import sts
 
     con, lock = ds.connection()
     with lock:

@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 from plotly.colors import sample_colorscale
 
 from dspark_obs import costtable as ct
+from dspark_obs.estimators.figures import costmodel_curves
 from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
 from dspark_obs.ui.palette import model_color
 
@@ -62,7 +63,6 @@ def curve_frame(table: ct.SpsAdditiveCostTable | None, bs_values, *, gamma: int 
     """``T(bs, M)`` in ms for each batch size over M in [bs, bs * (gamma + 1)] (empty without a table)."""
     if table is None or not len(bs_values):
         return pd.DataFrame({"bs": [], "m": [], "step_ms": []})
-    from dspark_obs.estimators.figures import costmodel_curves
 
     return costmodel_curves(table, sorted({int(b) for b in bs_values if b >= 1}), gamma=gamma,
                             points=points).to_pandas()
