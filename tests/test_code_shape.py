@@ -67,3 +67,15 @@ def test_every_package_is_in_the_no_circles_contract():
     packages = {".".join(p.parent.relative_to(ROOT).parts) for p in PRODUCT if p.name == "__init__.py"}
     assert packages - ancestors == set(), "add these packages to the acyclic_siblings contract"
 
+
+
+def test_every_top_level_module_has_a_layer():
+    import re
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    layered = {name for c in contracts if c["type"] == "layers" for layer in c["layers"]
+               for name in re.split(r"[:|]", layer.replace(" ", ""))}
+    top = {f"dspark_obs.{p.stem}" for p in (ROOT / "dspark_obs").glob("*.py") if p.stem != "__init__"}
+    top |= {f"dspark_obs.{p.parent.name}" for p in (ROOT / "dspark_obs").glob("*/__init__.py")}
+    assert top - layered == set(), "give these modules a layer in pyproject.toml's layers contract"
