@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from dspark_obs.estimators.calibration import sts
-from dspark_obs.ui import charts, verdicts, widgets
+from dspark_obs.ui import charts, urlstate, verdicts, widgets
 from dspark_obs.ui.charts._base import sorted_workloads
 from dspark_obs.ui.charts.calibration import RECALIBRATION_ORDER
 
@@ -80,7 +80,12 @@ with widgets.guard("Calibration tables"):
             sel = mine[(mine["labels"] == kind) & (mine["workload"] != "*")]
             sel_bins = bins[(bins["labels"] == kind) & (bins["workload"] != "*")]
             color_by = "workload"
-        widgets.show_chart(charts.reliability_diagram(sel_bins, color_by=color_by), key="calibration-reliability")
+        # The counts row doubles the figure's axes, the most of what a browser spends on this page: on request.
+        counts = urlstate.toggle("Bin counts under the reliability diagram", key="cal_counts",
+                                 help="A row of request-steps per bin (log scale) under each position; without "
+                                      "it the marker sizes and hovers still show them.")
+        widgets.show_chart(charts.reliability_diagram(sel_bins, color_by=color_by, count_row=counts),
+                           key="calibration-reliability")
         widgets.show_chart(charts.calibration_metrics(sel, color_by=color_by, metrics=_METRICS,
                                                       limits=verdicts.report_limits(ds, f)),
                            key="calibration-metrics")

@@ -2,7 +2,7 @@
 
 import streamlit as st
 
-from dspark_obs.ui import charts, verdicts, widgets
+from dspark_obs.ui import charts, urlstate, verdicts, widgets
 
 ds, f = widgets.context()
 st.title("Ceiling")
@@ -38,6 +38,11 @@ with widgets.guard("Estimate categories"):
                 "share": st.column_config.NumberColumn(format="percent"),
                 "mean_width": st.column_config.NumberColumn("mean hi - lo (drafts)", format="%.3f")})
 
+_VALIDATION_VIEWS = ("estimate vs truth", "interval coverage", "bias by category")
+_VALIDATION_HELP = ("estimate vs truth: the mean estimate against the mean truth over equal-count bins of the "
+                    "estimate; interval coverage: how often [lo, hi] holds the truth per bin, against the report's "
+                    "limit; bias by category: bias and MAE per estimate category and workload.")
+
 with widgets.guard("Estimate vs truth"):
     st.subheader("Estimate vs truth")
     val = ds.q("ui_ceiling_validation", f)
@@ -56,9 +61,15 @@ with widgets.guard("Estimate vs truth"):
                 truth += " — a self-check: a cap-accept run observes its ceiling, so this is no independent truth"
             st.markdown(f"**{r['run_id']}** ({scope}, truth: {truth}): n = {int(r['n'])}, bias "
                         f"{r['bias']:+.4f} drafts, MAE {r['mae']:.4f}, coverage {r['coverage']:.1%}")
-        widgets.show_chart(charts.validation_scatter(val), key="ceiling-validation-scatter")
-        coverage_limit = verdicts.report_limits(ds, f).get("estimator_coverage", (None, None))[0]
-        widgets.show_chart(charts.validation_coverage(val, limit=coverage_limit), key="ceiling-validation-coverage")
-        widgets.show_chart(charts.validation_bias(val), key="ceiling-validation-bias")
+        # One view at a time (kept in the URL): each chart drawn costs the browser as much as this page's others.
+        view = urlstate.segmented_control("Show", list(_VALIDATION_VIEWS), key="ceil_val", help=_VALIDATION_HELP)
+        if view == "estimate vs truth":
+            widgets.show_chart(charts.validation_scatter(val), key="ceiling-validation-scatter")
+        elif view == "interval coverage":
+            coverage_limit = verdicts.report_limits(ds, f).get("estimator_coverage", (None, None))[0]
+            widgets.show_chart(charts.validation_coverage(val, limit=coverage_limit),
+                               key="ceiling-validation-coverage")
+        else:
+            widgets.show_chart(charts.validation_bias(val), key="ceiling-validation-bias")
         with st.expander("Validation rows"):
             widgets.table(val, key="validation")

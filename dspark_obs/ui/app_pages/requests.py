@@ -9,8 +9,8 @@ from dspark_obs.ui import charts, urlstate, widgets
 _RANKINGS = {"tokens lost to trimming": ("tokens_lost", False), "lowest utilisation": ("utilisation", True),
              "slowest": ("e2e_latency_s", False), "submission order": (None, True)}
 
-# A longer list is unusable as a drop-down and costs the browser a second to build on every load.
-_MAX_LISTED = 500
+# A longer list is unusable as a drop-down, and each option costs the browser time to build on every load
+_MAX_LISTED = 100
 _VIEWS = ("step timeline", "confidences and survival", "committed tokens")
 _VIEWS_HELP = ("step timeline: the window, accepted drafts and full-block ceiling per step; confidences and "
                "survival: the head's c_k and S_k per step and position; committed tokens: their target logprobs.")

@@ -50,28 +50,35 @@ def _color(color_by: str, group: str) -> str:
     return label_color(group) if color_by == "labels" else workload_color(group)
 
 
-def reliability_diagram(data, *, color_by: str = "labels", max_positions: int = 8) -> go.Figure:
+def reliability_diagram(data, *, color_by: str = "labels", max_positions: int = 8, count_row: bool = True) -> go.Figure:
     """Per position k: mean predicted survival vs observed rate per bin, with bin counts below.
 
     Columns: position, labels, workload, mean_predicted, observed_rate, count
     (and bin_lo, bin_hi for the count bars' widths).  Pass one run and one
     workload (``color_by="labels"``) or one label kind (``color_by="workload"``).
+    ``count_row=False`` leaves out the bottom row of bin counts (marker sizes and hovers still carry them):
+    half the axes, which is most of what a browser spends drawing this figure.
     """
     df = as_frame(data)
     require_columns(df, ["position", "labels", "workload", "mean_predicted", "observed_rate", "count"],
                     "reliability_diagram")
     positions = sorted(int(p) for p in set(df["position"]))[:max_positions] if not df.empty else []
     cols = max(len(positions), 1)
-    fig = make_subplots(rows=2, cols=cols, shared_xaxes=True, shared_yaxes="rows", row_heights=[0.72, 0.28],
-                        vertical_spacing=0.06, horizontal_spacing=0.02,
+    rows = 2 if count_row else 1
+    fig = make_subplots(rows=rows, cols=cols, shared_xaxes=True, shared_yaxes="rows",
+                        row_heights=[0.72, 0.28] if count_row else None, vertical_spacing=0.06, horizontal_spacing=0.02,
                         subplot_titles=[f"k = {k}" for k in positions] or None)
     new_figure("Reliability of survival S_k per draft position", None, None,
-               "Points on the diagonal are calibrated; below it the head is over-confident. Bottom row: "
-               "request-steps per bin (log scale), so sparse bins can be told from real miscalibration.",
-               height=540, fig=fig)
+               "Points on the diagonal are calibrated; below it the head is over-confident. " + (
+                   "Bottom row: request-steps per bin (log scale), so sparse bins can be told from real "
+                   "miscalibration." if count_row else
+                   "Marker area grows with the request-steps per bin (hover for the count), so sparse bins can "
+                   "be told from real miscalibration."),
+               height=540 if count_row else 420, fig=fig)
     fig.update_yaxes(title_text="observed rate (first k survive)", row=1, col=1)
-    fig.update_yaxes(title_text="steps per bin", row=2, col=1)
-    fig.update_xaxes(title_text="predicted survival S_k", row=2, col=(cols + 1) // 2)
+    if count_row:
+        fig.update_yaxes(title_text="steps per bin", row=2, col=1)
+    fig.update_xaxes(title_text="predicted survival S_k", row=rows, col=(cols + 1) // 2)
     if not positions:
         return no_data(fig)
     groups = _groups(df, color_by)
@@ -91,15 +98,17 @@ def reliability_diagram(data, *, color_by: str = "labels", max_positions: int = 
                 customdata=counts, row=1, col=col,
                 hovertemplate=f"k={k} " + str(g) + ": predicted %{x:.3f}, observed %{y:.3f}"
                               "<br>%{customdata:.0f} steps<extra></extra>")
-            fig.add_scatter(x=sub["mean_predicted"], y=counts, mode="lines+markers", name=str(g),
-                            line=dict(color=color, width=1.2), marker=dict(size=3, color=color),
-                            legendgroup=str(g), showlegend=False, row=2, col=col,
-                            hovertemplate=f"k={k} " + str(g) + ": %{y:.0f} steps<extra></extra>")
-        fig.update_xaxes(range=[0, 1], tickvals=[0, 0.5, 1], row=2, col=col)
-        fig.update_xaxes(range=[0, 1], tickvals=[0, 0.5, 1], row=1, col=col)
-    top = float(np.log10(max(float(df["count"].max()), 1.0))) + 0.2
+            if count_row:
+                fig.add_scatter(x=sub["mean_predicted"], y=counts, mode="lines+markers", name=str(g),
+                                line=dict(color=color, width=1.2), marker=dict(size=3, color=color),
+                                legendgroup=str(g), showlegend=False, row=2, col=col,
+                                hovertemplate=f"k={k} " + str(g) + ": %{y:.0f} steps<extra></extra>")
+        for row in range(1, rows + 1):
+            fig.update_xaxes(range=[0, 1], tickvals=[0, 0.5, 1], row=row, col=col)
     fig.update_yaxes(range=[0, 1.02], row=1)
-    fig.update_yaxes(type="log", range=[-0.1, top], row=2)
+    if count_row:
+        top = float(np.log10(max(float(df["count"].max()), 1.0))) + 0.2
+        fig.update_yaxes(type="log", range=[-0.1, top], row=2)
     return legend_right(fig)
 
 
