@@ -19,8 +19,7 @@ TIMEOUT_S = 600  # a hang guard: a loaded machine may take minutes for one page 
 PAGES = {
     "overview": (["Accepted vs full-block ceiling per workload", "ECE of survival S_k by draft position"], 2),
     "ceiling": (["Accepted vs full-block ceiling per workload", "Acceptance by draft position",
-                 "Estimate categories per workload", "Estimated vs true full-block acceptance",
-                 "Interval coverage by bin of the estimate", "Estimate bias by category and workload"], 2),
+                 "Estimate categories per workload", "Estimated vs true full-block acceptance"], 2),
     "windows": (["Mean verify window per workload", "Per-step verify-window distribution per workload",
                  "Utilisation against the ceiling per workload", "Utilisation against the ceiling by window",
                  "Verify budget and batch size over the run"], 1),
@@ -161,6 +160,33 @@ def test_request_explorer_draws_one_view_at_a_time(sample_root, monkeypatch):
         assert at.query_params["rq_view"] in (view, [view])  # the view is in the URL, to be shared
     at.segmented_control(key="url-rq_view").set_value("step timeline").run()
     assert "rq_view" not in at.query_params  # the default view leaves the URL plain
+
+
+def test_ceiling_page_draws_one_estimate_vs_truth_view_at_a_time(sample_root, monkeypatch):
+    at = _open(_app(sample_root, monkeypatch), "ceiling")
+    validation = ("Estimated vs true full-block acceptance", "Interval coverage by bin of the estimate",
+                  "Estimate bias by category and workload")
+    shown = lambda: [v for v in validation if any(t.startswith(v) for t in _chart_titles(at))]  # noqa: E731
+    assert shown() == [validation[0]] and len(at.get("plotly_chart")) == 4
+    for view, title in (("interval coverage", validation[1]), ("bias by category", validation[2])):
+        at.segmented_control(key="url-ceil_val").set_value(view).run()
+        _assert_clean(at)
+        assert shown() == [title] and len(at.get("plotly_chart")) == 4
+        assert at.query_params["ceil_val"] in (view, [view])  # the view is in the URL, to be shared
+    at.segmented_control(key="url-ceil_val").set_value("estimate vs truth").run()
+    assert shown() == [validation[0]] and "ceil_val" not in at.query_params
+
+
+def test_calibration_page_draws_the_bin_counts_row_on_request(sample_root, monkeypatch):
+    at = _open(_app(sample_root, monkeypatch), "calibration")
+    reliability = lambda: next(json.loads(c.proto.spec) for c in at.get("plotly_chart")  # noqa: E731
+                               if json.loads(c.proto.spec)["layout"]["title"]["text"].startswith("Reliability"))
+    log_axes = lambda: [k for k, v in reliability()["layout"].items()  # noqa: E731
+                        if k.startswith("yaxis") and v.get("type") == "log"]
+    assert not log_axes()
+    at.toggle(key="url-cal_counts").set_value(True).run()
+    _assert_clean(at)
+    assert log_axes() and at.query_params["cal_counts"] in ("1", ["1"])
 
 
 def test_request_explorer_switches_requests(sample_root, monkeypatch):

@@ -190,6 +190,18 @@ def test_reliability_diagram_one_panel_per_position_with_counts():
         charts.reliability_diagram(BINS, color_by="mode")
 
 
+def test_reliability_diagram_without_the_count_row_keeps_the_counts_in_its_markers():
+    full, lean = charts.reliability_diagram(BINS), charts.reliability_diagram(BINS, count_row=False)
+    axes = lambda fig: [n for n in fig.layout.to_plotly_json() if n.startswith(("xaxis", "yaxis"))]  # noqa: E731
+    assert len(axes(lean)) == len(axes(full)) // 2  # one row of panels, not two
+    assert {t.yaxis for t in lean.data} == {"y", "y2"} and "log" not in {lean.layout.yaxis.type}
+    _check(lean, "Reliability of survival S_k", "predicted survival", "observed rate")
+    obs = [t for t in lean.data if t.name == "observed" and t.yaxis == "y"]
+    assert list(obs[0].customdata) == [10, 30]  # the hover still gives the steps per bin
+    assert obs[0].marker.size[1] > obs[0].marker.size[0]  # and the marker grows with them
+    assert "Marker area" in charts.caption_of(lean) and "Bottom row" in charts.caption_of(full)
+
+
 def test_calibration_metrics_panels_with_ece_ci():
     fig = charts.calibration_metrics(METRICS)
     _check(fig, "Calibration by draft position", "draft position k", "ECE")
