@@ -62,12 +62,17 @@ class Parts(Protocol):
     def map(self, fn: Callable, *args) -> list: ...
 
 
+_CONTROLLER: list = []   # threadpoolctl's view of the loaded BLAS, found once per process
+
+
 @contextmanager
 def one_thread():
     """BLAS on one thread (see the module docstring)."""
-    from threadpoolctl import threadpool_limits
+    if not _CONTROLLER:
+        from threadpoolctl import ThreadpoolController
 
-    with threadpool_limits(limits=1, user_api="blas"):
+        _CONTROLLER.append(ThreadpoolController())
+    with _CONTROLLER[0].limit(limits=1, user_api="blas"):
         yield
 
 

@@ -109,10 +109,31 @@ def _part_of(x: ChunkInputs) -> FitPart:
 
 
 def load_fit_parts(con, plan: "RunPlan", parts: list, root) -> list[FitPart]:
-    """The fitting sample's ``parts`` (chunks of :func:`~dspark_obs.estimators.chunks.sample_parts`) read
-    from the store, as :mod:`~dspark_obs.estimators.ceiling.fit_parts` sums them."""
-    return [_part_of(load_inputs(con, plan.run_id, root, part, plan.gamma, inferred=plan.inferred,
-                                 temperature=plan.temperature)[0]) for part in parts]
+    """The fitting sample's ``parts`` (contiguous chunks of :func:`~dspark_obs.estimators.chunks.sample_parts`)
+    read from the store, as :mod:`~dspark_obs.estimators.ceiling.fit_parts` sums them: the rid-range parts
+    in one read spanning them (then cut by their steps), a part of steps without a rid apart."""
+    ranged = [p for p in parts if "chunk_lo" in p.params]
+    out = []
+    if ranged:
+        span = Chunk(ranged[0].where, {**ranged[0].params, "chunk_hi": ranged[-1].params["chunk_hi"]},
+                     rows=sum(p.rows for p in ranged))
+        out += _cut(_part_of(_load(con, plan, span, root)), ranged, plan.run_id)
+    return out + [_part_of(_load(con, plan, p, root)) for p in parts if "chunk_lo" not in p.params]
+
+
+def _load(con, plan: "RunPlan", chunk: Chunk, root) -> ChunkInputs:
+    return load_inputs(con, plan.run_id, root, chunk, plan.gamma, inferred=plan.inferred,
+                       temperature=plan.temperature)[0]
+
+
+def _cut(whole: FitPart, parts: list, run_id: str) -> list[FitPart]:
+    """``whole`` (the steps of ``parts``, in order) cut into one :class:`FitPart` per part."""
+    if len(parts) == 1:
+        return [whole]
+    bounds = np.cumsum([0] + [p.rows for p in parts])
+    if bounds[-1] != len(whole.window):
+        raise RuntimeError(f"run {run_id!r}: {len(whole.window)} steps read for the fit, {bounds[-1]} planned")
+    return [whole.rows(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
 def fit_parts_of(plan: "RunPlan") -> list[Chunk]:
@@ -127,12 +148,7 @@ def fits_on_one_chunk(plan: "RunPlan") -> bool:
 
 def _fit_on_chunk(x: ChunkInputs, plan: "RunPlan", gamma: int) -> CeilingFit:
     """The fit of a run of one chunk on that chunk's inputs: its steps cut into the sample's parts."""
-    whole, parts = _part_of(x), fit_parts_of(plan)
-    bounds = np.cumsum([0] + [p.rows for p in parts])
-    if len(parts) > 1 and bounds[-1] != x.steps.num_rows:
-        raise RuntimeError(f"run {plan.run_id!r}: {x.steps.num_rows} steps read, {bounds[-1]} planned")
-    pieces = [whole] if len(parts) == 1 else [whole.rows(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
-    return fit_run(LocalParts(pieces), plan.run_id, gamma)
+    return fit_run(LocalParts(_cut(_part_of(x), fit_parts_of(plan), plan.run_id)), plan.run_id, gamma)
 
 
 def _check_fit(fit: CeilingFit, run_id: str, gamma: int) -> CeilingFit:
