@@ -184,7 +184,6 @@ def estimate_ceiling(
     per-position terms ``mid`` sums: the reconstructed calibration labels).
 
     >>> from dspark_obs.estimators.ceiling.evidence import Evidence
-from dspark_obs.estimators.ceiling.fit_parts import FitPart, LocalParts, Parts, summed
     >>> ev = Evidence(realised=np.array([[5, 6, 7]]), p_draft=np.full((1, 3), np.nan),
     ...               p_topk=np.full((1, 3), np.nan), topk_state=np.zeros((1, 3), np.int8))
     >>> est = estimate_ceiling(np.array([[5, 6, 8]]), np.array([1]), np.array([1]), ev,
