@@ -215,7 +215,7 @@ def fit_acceptance_parts(parts: Parts, gamma: int) -> AcceptanceModel:
     n_train: dict[bool, int] = {}
     draft_coef = None
     for kind in (True, False):
-        n, hits, has_topk = summed([(n, h, t) for n, h, t in parts.map(_kind_counts, kind)] or [(0, 0, False)])
+        n, hits, has_topk = summed(parts.map(_kind_counts, kind) or [(0, 0, False)])
         n_train[kind] = n
         base_rate[kind] = hits / n if n else 0.5
         if not (n >= _MIN_ROWS and 0 < hits < n):
