@@ -17,16 +17,20 @@ acceptance: ``correct_drafts``.
 Where the full-block acceptance is *known* (:func:`known_block_accept`; in SQL
 the ``known_block_accept`` macro of ``sql/macros/acceptance.sql``): a static
 step verified the whole block (``correct_drafts``), a cap-accept step too
-(``correct_drafts + cap_trim``), a truth column says it (the emulator's
-``emu_block_accept``, a paired cap-accept companion), and a step rejected
-inside its window showed it (``correct_drafts``).
+(``correct_drafts + cap_trim``) — the part the run's mode decides,
+:func:`mode_block_accept` (the ``mode_block_accept`` macro) — then a truth
+column says it (the emulator's ``emu_block_accept``, a paired cap-accept
+companion), and last a step rejected inside its window (``correct_drafts <
+window``) or whose window was the whole block (``window >= gamma``) showed it
+(``correct_drafts``).  ``tests/test_acceptance.py`` holds both languages to
+one table of cases.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["expected_given_window", "known_block_accept"]
+__all__ = ["expected_given_window", "known_block_accept", "mode_block_accept"]
 
 
 def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: np.ndarray) -> np.ndarray:
@@ -58,6 +62,24 @@ def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: 
     return np.where(correct < window, correct, window + extra).astype(np.float64)
 
 
+def mode_block_accept(mode: str, correct: np.ndarray, cap_trim: np.ndarray) -> np.ndarray | None:
+    """Full-block accepted drafts per request-step that the run's mode alone shows, or None (compact).
+
+    A static step verified the whole block (``correct``); a cap-accept step
+    verified it and trimmed the commit (``correct + cap_trim``).
+
+    >>> mode_block_accept("cap-accept", np.array([1, 2]), np.array([2, 0])).tolist()
+    [3.0, 2.0]
+    >>> mode_block_accept("compact", np.array([1]), np.array([0])) is None
+    True
+    """
+    if mode == "static":
+        return np.asarray(correct, dtype=np.float64).copy()
+    if mode == "cap-accept":
+        return np.asarray(correct, dtype=np.float64) + np.asarray(cap_trim, dtype=np.float64)
+    return None
+
+
 def known_block_accept(mode: str, window: np.ndarray, correct: np.ndarray, cap_trim: np.ndarray, *, gamma: int,
                        truth: np.ndarray | None = None) -> np.ndarray:
     """Full-block accepted drafts per request-step where the step shows them, NaN elsewhere.
@@ -71,11 +93,8 @@ def known_block_accept(mode: str, window: np.ndarray, correct: np.ndarray, cap_t
     """
     window = np.asarray(window, dtype=np.int64)
     correct = np.asarray(correct, dtype=np.float64)
-    known = np.full(window.size, np.nan)
-    if mode == "static":
-        known[:] = correct
-    elif mode == "cap-accept":
-        known[:] = correct + np.asarray(cap_trim, dtype=np.float64)
+    shown_by_mode = mode_block_accept(mode, correct, cap_trim)
+    known = np.full(window.size, np.nan) if shown_by_mode is None else shown_by_mode
     if truth is not None:
         known = np.where(np.isnan(known), np.asarray(truth, dtype=np.float64), known)
     shown = (correct < window) | (window >= gamma)

@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dspark_obs.acceptance import mode_block_accept
 from dspark_obs.estimators import pairing
 
 __all__ = [
@@ -289,7 +290,7 @@ def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int |
             y = np.where(np.isnan(per_position).any(axis=1, keepdims=True), y, np.clip(per_position, 0.0, 1.0))
         counts["fractional"] = int(np.sum(mid != np.round(mid)))
     elif mode in ("cap-accept", "static"):
-        y = block_events(col["correct_drafts"] + col["cap_trim"], gamma=gamma)
+        y = block_events(mode_block_accept(mode, col["correct_drafts"], col["cap_trim"]), gamma=gamma)
     else:
         y = observed_events(col["correct_drafts"], col["window"], gamma=gamma)
         counts["censored"] = int(((col["correct_drafts"] == col["window"]) & (col["window"] < gamma)).sum())

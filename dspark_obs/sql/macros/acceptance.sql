@@ -1,11 +1,17 @@
--- Full-block acceptance where a request-step shows it (drafts a full-block verify accepts), else NULL:
--- the emulator's truth, a cap-accept step (correct_drafts + cap_trim), a static step (correct_drafts),
--- or a window that rejected a draft (correct_drafts < window).  The Python side of the rule is
--- dspark_obs.acceptance.known_block_accept.
-CREATE OR REPLACE MACRO known_block_accept(mode, emu_block_accept, correct_drafts, cap_trim, win) AS
+-- The rule "full-block acceptance where known", in SQL; its Python side is dspark_obs.acceptance
+-- (mode_block_accept, known_block_accept), and tests/test_acceptance.py holds both to one table of cases.
+
+-- Drafts a full-block verify accepted, where the run's mode alone shows it: a cap-accept step
+-- (correct_drafts + cap_trim), a static step (correct_drafts); else NULL (compact).
+CREATE OR REPLACE MACRO mode_block_accept(mode, correct_drafts, cap_trim) AS
 CASE
-    WHEN emu_block_accept IS NOT NULL THEN emu_block_accept
     WHEN mode = 'cap-accept' THEN correct_drafts + cap_trim
     WHEN mode = 'static' THEN correct_drafts
-    WHEN correct_drafts < win THEN correct_drafts
 END;
+
+-- Full-block acceptance where a request-step shows it, else NULL: what the mode shows, then the
+-- truth (the emulator's emu_block_accept, a companion's step; NULL when unknown), then the window:
+-- a draft rejected inside it (correct_drafts < win) or a window of the whole block (win >= gamma).
+CREATE OR REPLACE MACRO known_block_accept(mode, truth, correct_drafts, cap_trim, win, gamma) AS
+coalesce(mode_block_accept(mode, correct_drafts, cap_trim), truth,
+         CASE WHEN correct_drafts < win OR win >= gamma THEN correct_drafts END);
