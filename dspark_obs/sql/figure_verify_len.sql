@@ -12,14 +12,7 @@
 -- Output columns:
 --   run_id, workload, verify_len, request_steps, share, utilisation, known_steps
 WITH s AS (
-    SELECT
-        w.run_id, w.workload, w.verify_len, w.acc_len,
-        coalesce(r.gamma, len(w.draft_tokens)) AS gamma,
-        known_block_accept(r.mode, w.emu_block_accept, w.correct_drafts, w.cap_trim, w."window",
-                           coalesce(r.gamma, len(w.draft_tokens))) AS block_accept
-    FROM step_reqs_w AS w
-    LEFT JOIN runs AS r ON r.run_id = w.run_id
-    WHERE $run_id IS NULL OR w.run_id = $run_id
+    SELECT run_id, workload, verify_len, acc_len, gamma, block_accept FROM known_blocks($run_id)
 ),
 groups AS (
     SELECT run_id, workload, max(gamma) AS gamma FROM s GROUP BY run_id, workload

@@ -18,15 +18,8 @@
 --   run_id, mode, workload, request_steps, mean_window, full_window_share,
 --   share_le3, mean_acc_len, mean_block_accept_len, utilisation, known_share
 WITH s AS (
-    SELECT
-        w.run_id, w.workload, w."window", w.acc_len, w.correct_drafts,
-        r.mode,
-        coalesce(r.gamma, len(w.draft_tokens)) AS gamma,
-        known_block_accept(r.mode, w.emu_block_accept, w.correct_drafts, w.cap_trim, w."window",
-                           coalesce(r.gamma, len(w.draft_tokens))) AS block_accept
-    FROM step_reqs_w AS w
-    LEFT JOIN runs AS r ON r.run_id = w.run_id
-    WHERE $run_id IS NULL OR w.run_id = $run_id
+    SELECT run_id, workload, "window", acc_len, correct_drafts, mode, gamma, block_accept
+    FROM known_blocks($run_id)
 )
 SELECT
     run_id,

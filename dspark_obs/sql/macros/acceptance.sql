@@ -15,3 +15,13 @@ END;
 CREATE OR REPLACE MACRO known_block_accept(mode, truth, correct_drafts, cap_trim, win, gamma) AS
 coalesce(mode_block_accept(mode, correct_drafts, cap_trim), truth,
          CASE WHEN correct_drafts < win OR win >= gamma THEN correct_drafts END);
+
+-- The request-steps of step_reqs_w (of one run; NULL: every run) with their run's mode and gamma
+-- (runs.gamma, else the number of draft_tokens) and block_accept, known_block_accept of each.
+CREATE OR REPLACE MACRO known_blocks(only_run) AS TABLE
+SELECT w.*, r.mode, coalesce(r.gamma, len(w.draft_tokens)) AS gamma,
+       known_block_accept(r.mode, w.emu_block_accept, w.correct_drafts, w.cap_trim, w."window",
+                          coalesce(r.gamma, len(w.draft_tokens))) AS block_accept
+FROM step_reqs_w AS w
+LEFT JOIN runs AS r ON r.run_id = w.run_id
+WHERE only_run IS NULL OR w.run_id = only_run;
