@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["expected_given_window", "known_block_accept", "mode_block_accept"]
+__all__ = ["censored", "expected_given_window", "known_block_accept", "mode_block_accept"]
 
 
 def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: np.ndarray) -> np.ndarray:
@@ -62,6 +62,17 @@ def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: 
     return np.where(correct < window, correct, window + extra).astype(np.float64)
 
 
+def censored(window: np.ndarray, correct: np.ndarray, gamma) -> np.ndarray:
+    """Steps whose full-block acceptance the window hides: it accepted all of a window short of the
+    block (``correct == window < gamma``), so the drafts beyond it were never checked.
+
+    >>> censored(np.array([2, 2, 4]), np.array([2, 1, 4]), 4).tolist()
+    [True, False, False]
+    """
+    window = np.asarray(window)
+    return (np.asarray(correct) == window) & (window < gamma)
+
+
 def mode_block_accept(mode: str, correct: np.ndarray, cap_trim: np.ndarray) -> np.ndarray | None:
     """Full-block accepted drafts per request-step that the run's mode alone shows, or None (compact).
 
@@ -85,8 +96,8 @@ def known_block_accept(mode: str, window: np.ndarray, correct: np.ndarray, cap_t
     """Full-block accepted drafts per request-step where the step shows them, NaN elsewhere.
 
     The run's mode first (static: ``correct``; cap-accept: ``correct + cap_trim``),
-    then ``truth`` (NaN where unknown), then the window: a draft rejected inside
-    it (``correct < window``) or a window of the whole block (``window >= gamma``).
+    then ``truth`` (NaN where unknown), then the window unless :func:`censored`: a
+    draft rejected inside it (``correct < window``) or a window of the whole block.
 
     >>> known_block_accept("compact", np.array([1, 1, 3]), np.array([0, 1, 3]), np.zeros(3), gamma=3).tolist()
     [0.0, nan, 3.0]
@@ -97,5 +108,4 @@ def known_block_accept(mode: str, window: np.ndarray, correct: np.ndarray, cap_t
     known = np.full(window.size, np.nan) if shown_by_mode is None else shown_by_mode
     if truth is not None:
         known = np.where(np.isnan(known), np.asarray(truth, dtype=np.float64), known)
-    shown = (correct < window) | (window >= gamma)
-    return np.where(np.isnan(known) & shown, correct, known)
+    return np.where(np.isnan(known) & ~censored(window, correct, gamma), correct, known)

@@ -9,12 +9,16 @@ CASE
     WHEN mode = 'static' THEN correct_drafts
 END;
 
+-- A step whose window hides its full-block acceptance: it accepted all of a window short of the
+-- block (correct_drafts = win < gamma); dspark_obs.acceptance.censored.
+CREATE OR REPLACE MACRO censored(correct_drafts, win, gamma) AS correct_drafts = win AND win < gamma;
+
 -- Full-block acceptance where a request-step shows it, else NULL: what the mode shows, then the
--- truth (the emulator's emu_block_accept, a companion's step; NULL when unknown), then the window:
--- a draft rejected inside it (correct_drafts < win) or a window of the whole block (win >= gamma).
+-- truth (the emulator's emu_block_accept, a companion's step; NULL when unknown), then the window
+-- unless censored: a draft rejected inside it (correct_drafts < win) or a window of the whole block.
 CREATE OR REPLACE MACRO known_block_accept(mode, truth, correct_drafts, cap_trim, win, gamma) AS
 coalesce(mode_block_accept(mode, correct_drafts, cap_trim), truth,
-         CASE WHEN correct_drafts < win OR win >= gamma THEN correct_drafts END);
+         CASE WHEN NOT censored(correct_drafts, win, gamma) THEN correct_drafts END);
 
 -- The request-steps of step_reqs_w (of one run; NULL: every run) with their run's mode and gamma
 -- (runs.gamma, else the number of draft_tokens) and block_accept, known_block_accept of each.
