@@ -26,7 +26,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Annotated, Any, Mapping, Optional
+from typing import Annotated, Any, Callable, Mapping, Optional
 
 import msgspec
 import numpy as np
@@ -191,17 +191,26 @@ def _decode_fast(body: bytes, read_through: Optional[Mapping[int, int]] = None) 
         info = _fast_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    ranks: list[RankPayload] = []
-    has_dspark = False
-    for i, state in enumerate(info.internal_states):
-        payload = state.dspark_info_record
-        if payload is None:
-            ranks.append(RankPayload(i, "", 0, []))
-            continue
-        has_dspark = True
+
+    def rank_of(i: int, payload: Any) -> Optional[RankPayload]:
         if not _attach_lists(payload.records, read_through.get(i) if read_through else None):
             return None
-        ranks.append(RankPayload(i, payload.mode, payload.gamma, payload.records, [], tuple(payload.components), []))
+        return RankPayload(i, payload.mode, payload.gamma, payload.records, [], tuple(payload.components), [])
+
+    return _payload(info, rank_of)
+
+
+def _payload(info: Any, rank_of: Callable[[int, Any], Optional[RankPayload]]) -> Optional[ServerInfoPayload]:
+    """The body's ranks, in order: an empty one for a rank without a DSpark record, else
+    ``rank_of(dp_rank, record payload)``; None as soon as ``rank_of`` gives None."""
+    ranks: list[RankPayload] = []
+    for i, state in enumerate(info.internal_states):
+        payload = state.dspark_info_record
+        rank = RankPayload(i, "", 0, []) if payload is None else rank_of(i, payload)
+        if rank is None:
+            return None
+        ranks.append(rank)
+    has_dspark = any(state.dspark_info_record is not None for state in info.internal_states)
     return ServerInfoPayload(info.startup_time, info.version, ranks, has_dspark)
 
 
@@ -306,14 +315,8 @@ def _decode_reference(body: bytes) -> ServerInfoPayload:
         info = _info_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise PayloadError(f"not a /server_info body: {exc}") from exc
-    ranks: list[RankPayload] = []
-    has_dspark = False
-    for i, state in enumerate(info.internal_states):
-        payload = state.dspark_info_record
-        if payload is None:
-            ranks.append(RankPayload(i, "", 0, []))
-            continue
-        has_dspark = True
+
+    def rank_of(i: int, payload: Any) -> RankPayload:
         good: list[SglangRecord] = []
         raws: list[bytes] = []
         dead: list[tuple[str, bytes]] = []
@@ -323,8 +326,9 @@ def _decode_reference(body: bytes) -> ServerInfoPayload:
                 raws.append(raw)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 dead.append((f"dp_rank {i}: record does not match DecodeStepRecord: {exc}", bytes(raw)))
-        ranks.append(RankPayload(i, payload.mode, payload.gamma, good, dead, tuple(payload.components), raws))
-    return ServerInfoPayload(info.startup_time, info.version, ranks, has_dspark)
+        return RankPayload(i, payload.mode, payload.gamma, good, dead, tuple(payload.components), raws)
+
+    return _payload(info, rank_of)  # never None: this rank_of always gives a rank
 
 
 def server_args(body: bytes) -> dict[str, Any]:

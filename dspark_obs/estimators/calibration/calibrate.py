@@ -96,11 +96,7 @@ def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binni
             if n_boot:
                 lo, hi = normal_interval(row["ece"], resampled_ece(weights, g, b, p, y), level)
                 row.update(ece_ci_lo=none_if_nan(lo), ece_ci_hi=none_if_nan(hi))
-            c = curve_of(b)
-            bin_rows += [{**base, "binning": name, "bin": int(i), "bin_lo": float(lo_), "bin_hi": float(hi_),
-                          "mean_predicted": float(mp), "observed_rate": float(r), "count": int(n)}
-                         for i, lo_, hi_, mp, r, n in zip(c.bin, c.bin_lo, c.bin_hi, c.mean_predicted,
-                                                          c.observed_rate, c.count)]
+            bin_rows += [{**base, "binning": name, **r} for r in curve_of(b).rows()]
         rows.append(row)
     return rows, bin_rows
 

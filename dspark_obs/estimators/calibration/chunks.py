@@ -342,10 +342,6 @@ def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan,
                     samples = np.abs(wp - wy).sum(axis=1) / wn
                 lo, hi = metrics.normal_interval(row["ece"], samples, level)
                 row.update(ece_ci_lo=metrics.none_if_nan(lo), ece_ci_hi=metrics.none_if_nan(hi))
-            c = metrics.curve_of(b)
-            bin_rows += [{**base, "binning": name, "bin": int(j), "bin_lo": float(lo_), "bin_hi": float(hi_),
-                          "mean_predicted": float(mp), "observed_rate": float(r), "count": int(n)}
-                         for j, lo_, hi_, mp, r, n in zip(c.bin, c.bin_lo, c.bin_hi, c.mean_predicted,
-                                                          c.observed_rate, c.count)]
+            bin_rows += [{**base, "binning": name, **r} for r in metrics.curve_of(b).rows()]
         rows.append(row)
     return rows, bin_rows

@@ -68,6 +68,13 @@ def check_binning(n_bins: Any, strategy: Any) -> None:
         raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
 
 
+def _checked_bins(y_true: Any, y_prob: Any, n_bins: Any, strategy: Any) -> Bins:
+    """The public metrics' edge: inputs and binning checked, then binned."""
+    y, p = _check_pair(y_true, y_prob)
+    check_binning(n_bins, strategy)
+    return binned(y, p, n_bins, strategy)
+
+
 def parse_binning(name: str) -> tuple[int, str]:
     """``'width15'`` -> ``(15, 'uniform')``; ``'mass15'`` -> ``(15, 'quantile')``.
 
@@ -183,9 +190,7 @@ def expected_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: st
     >>> round(expected_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
     0.175
     """
-    y, p = _check_pair(y_true, y_prob)
-    check_binning(n_bins, strategy)
-    return ece_of(binned(y, p, n_bins, strategy))
+    return ece_of(_checked_bins(y_true, y_prob, n_bins, strategy))
 
 
 def maximum_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
@@ -196,9 +201,7 @@ def maximum_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str
     >>> round(maximum_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
     0.3
     """
-    y, p = _check_pair(y_true, y_prob)
-    check_binning(n_bins, strategy)
-    return mce_of(binned(y, p, n_bins, strategy))
+    return mce_of(_checked_bins(y_true, y_prob, n_bins, strategy))
 
 
 def debiased_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
@@ -217,9 +220,7 @@ def debiased_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: st
     >>> round(debiased_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
     0.175
     """
-    y, p = _check_pair(y_true, y_prob)
-    check_binning(n_bins, strategy)
-    return debiased_ece_of(binned(y, p, n_bins, strategy))
+    return debiased_ece_of(_checked_bins(y_true, y_prob, n_bins, strategy))
 
 
 def brier_score_loss(y_true, y_prob) -> float:
@@ -284,6 +285,13 @@ class ReliabilityCurve:
     observed_rate: np.ndarray
     count: np.ndarray
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per bin with the ``calibration_bins`` table's columns of a bin."""
+        return [{"bin": int(i), "bin_lo": float(lo), "bin_hi": float(hi), "mean_predicted": float(mp),
+                 "observed_rate": float(r), "count": int(n)}
+                for i, lo, hi, mp, r, n in zip(self.bin, self.bin_lo, self.bin_hi, self.mean_predicted,
+                                               self.observed_rate, self.count)]
+
 
 def reliability_curve(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> ReliabilityCurve:
     """Per-bin mean prediction and observed rate (empty bins are left out).
@@ -297,9 +305,7 @@ def reliability_curve(y_true, y_prob, *, n_bins: int = 15, strategy: str = "unif
     >>> curve.observed_rate.tolist(), curve.count.tolist()
     ([0.0, 1.0], [2, 2])
     """
-    y, p = _check_pair(y_true, y_prob)
-    check_binning(n_bins, strategy)
-    return curve_of(binned(y, p, n_bins, strategy))
+    return curve_of(_checked_bins(y_true, y_prob, n_bins, strategy))
 
 
 def curve_of(b: Bins) -> ReliabilityCurve:

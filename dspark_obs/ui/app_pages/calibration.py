@@ -10,14 +10,10 @@ from dspark_obs.ui import charts, verdicts, widgets
 from dspark_obs.ui.charts._base import sorted_workloads
 from dspark_obs.ui.charts.calibration import RECALIBRATION_ORDER
 
-ds, f = widgets.context()
-st.title("Calibration")
-st.caption("Does the head's survival S_k = c_1...c_k predict that the first k drafts survive a full-block "
-           "verify? Label modes score the same predictions against different truths: observed (the run's own "
-           "records), reconstructed (the ceiling estimator), companion (a cap-accept replay).")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Calibration",
+                     "Does the head's survival S_k = c_1...c_k predict that the first k drafts survive a full-block "
+                     "verify? Label modes score the same predictions against different truths: observed (the run's "
+                     "own records), reconstructed (the ceiling estimator), companion (a cap-accept replay).")
 
 _LABEL_PREFERENCE = ("companion", "reconstructed", "observed")
 # the figures the report gates (debiased ECE, AUROC) beside the plug-in ECE and Brier
