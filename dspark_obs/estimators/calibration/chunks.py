@@ -312,11 +312,8 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
         for a, s in zip(acc, sums):
             a += s
         if weights is not None:
-            cell_ids = g * n_bins + ids
-            size = n_units * n_bins
-            per = [np.bincount(cell_ids, weights=pc, minlength=size).reshape(n_units, n_bins),
-                   np.bincount(cell_ids, weights=y, minlength=size).reshape(n_units, n_bins),
-                   np.bincount(g, minlength=n_units).astype(np.float64)]
+            count, psum, ysum = metrics.request_bins(g, ids, pc, y, n_units, n_bins)
+            per = [psum, ysum, count.sum(axis=1)]
             boot = cell.boot.setdefault(name, [0.0, 0.0, 0.0])
             boot_parts += [(boot, j, part) for j, part in enumerate(per)]
 
