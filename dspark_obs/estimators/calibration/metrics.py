@@ -288,7 +288,7 @@ def auroc_from_levels(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
     axis (``[..., levels]``; e.g. one row per bootstrap resample): ties count one half; NaN without
     positives or negatives.
 
-    >>> float(auroc_from_levels(np.array([0.0, 1.0, 1.0]), np.array([1.0, 1.0, 0.0])))
+    >>> float(auroc_from_levels(np.array([0.0, 1.0, 0.0, 1.0]), np.array([1.0, 0.0, 1.0, 0.0])))  # as auroc_score's
     0.75
     """
     below = np.cumsum(neg, axis=-1) - neg
