@@ -25,7 +25,7 @@ _HOMES = {
                 "debiased_calibration_error", "expected_calibration_error", "log_loss",
                 "maximum_calibration_error", "parse_binning", "reliability_curve"),
 }
-_SUBMODULES = ("calibrate", "chunks", "events", "metrics", "ray", "recalibration", "resampling", "sts")
+_SUBMODULES = ("calibrate", "chunks", "events", "metrics", "ray", "recalibration", "resampling", "rows", "sts")
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [*_HOME_OF, "CALIBRATION", "CALIBRATION_BINS"]

@@ -111,9 +111,11 @@ def bin_ids(p: np.ndarray, edges: np.ndarray, strategy: str) -> np.ndarray:
     return np.searchsorted(edges[1:-1], p)  # scikit-learn's quantile rule
 
 
-def binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str) -> Bins:
+def binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str, edges: np.ndarray | None = None) -> Bins:
+    """The :class:`Bins` of ``p`` (clamped) against ``y``; ``edges`` default to ``p``'s own (a chunk of a run
+    passes the run's)."""
     p = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
-    edges = bin_edges(p, n_bins, strategy)
+    edges = bin_edges(p, n_bins, strategy) if edges is None else edges
     ids = bin_ids(p, edges, strategy)
     return Bins(edges, ids, np.bincount(ids, minlength=n_bins).astype(np.float64),
                  np.bincount(ids, weights=p, minlength=n_bins), np.bincount(ids, weights=y, minlength=n_bins))
