@@ -189,7 +189,7 @@ def _recalibration_table(result) -> Table:
 
 def _read_sts(path: Path) -> list[float]:
     # at call time: the CLI imports every command module to declare its options
-    from dspark_obs.estimators.calibration.sts import StsCalibration
+    from dspark_obs.sts_format import StsCalibration
 
     try:
         return StsCalibration.from_json(path.read_bytes()).temperatures

@@ -26,7 +26,7 @@ __all__ = [
     "EPS_PROB", "BINNINGS", "ReliabilityCurve",
     "expected_calibration_error", "maximum_calibration_error", "debiased_calibration_error",
     "brier_score_loss", "log_loss", "auroc_score", "reliability_curve",
-    "bootstrap_calibration_error", "parse_binning",
+    "bootstrap_calibration_error", "parse_binning", "auroc_from_levels", "request_bins",
 ]
 
 EPS_PROB = 1e-8
@@ -93,8 +93,9 @@ class Bins:
 
     ECE, MCE, debiased ECE and the reliability curve are functions of them
     (:func:`ece_of`, ...); sums of disjoint samples add, so chunks, shards and
-    bootstrap resamples (``report``'s, a weighted sum per request) reuse the
-    same formulas (:func:`ece_from_sums`, :func:`debiased_terms`).
+    bootstrap resamples (a weighted sum of :func:`request_bins`, in ``calibrate``
+    and in :mod:`~.resampling` for the report) reuse the same formulas
+    (:func:`ece_from_sums`, :func:`debiased_terms`).
     """
 
     edges: np.ndarray  # [n_bins + 1]
@@ -117,12 +118,30 @@ def bin_ids(p: np.ndarray, edges: np.ndarray, strategy: str) -> np.ndarray:
     return np.searchsorted(edges[1:-1], p)  # scikit-learn's quantile rule
 
 
-def binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str) -> Bins:
+def binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str, edges: np.ndarray | None = None) -> Bins:
+    """The :class:`Bins` of ``p`` (clamped) against ``y``; ``edges`` default to ``p``'s own (a chunk of a run
+    passes the run's)."""
     p = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
-    edges = bin_edges(p, n_bins, strategy)
+    edges = bin_edges(p, n_bins, strategy) if edges is None else edges
     ids = bin_ids(p, edges, strategy)
     return Bins(edges, ids, np.bincount(ids, minlength=n_bins).astype(np.float64),
                  np.bincount(ids, weights=p, minlength=n_bins), np.bincount(ids, weights=y, minlength=n_bins))
+
+
+def request_bins(groups: np.ndarray, ids: np.ndarray, p: np.ndarray, y: np.ndarray, n_groups: int,
+                 n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request and bin (``[n_groups, n_bins]``): the count and the sums of ``p`` and ``y``.
+
+    The binned metrics' sufficient statistics, one row per resampling unit: a
+    bootstrap resample's :class:`Bins` sums are ``weights @`` each (``calibrate``'s
+    one pass and its chunks, the report's :class:`~.resampling.RequestSums`).
+    ``p`` already clamped, ``ids`` its bins (:func:`bin_ids`).
+    """
+    cell = np.asarray(groups, dtype=np.int64) * n_bins + ids
+    size = n_groups * n_bins
+    count = np.bincount(cell, minlength=size).astype(np.float64).reshape(n_groups, n_bins)
+    return (count, np.bincount(cell, weights=p, minlength=size).reshape(n_groups, n_bins),
+            np.bincount(cell, weights=y, minlength=size).reshape(n_groups, n_bins))
 
 
 def ece_from_sums(count: np.ndarray, pred_sum: np.ndarray, true_sum: np.ndarray) -> np.ndarray:
@@ -263,14 +282,23 @@ def auroc_score(y_true, y_prob) -> float:
     0.75
     """
     y, p = _check_pair(y_true, y_prob)
-    pos_total, neg_total = y.sum(), (1.0 - y).sum()
-    if pos_total <= 0 or neg_total <= 0:
-        return math.nan
-    _, group = np.unique(p, return_inverse=True)  # ascending scores; ties share a group
-    pos = np.bincount(group, weights=y)
-    neg = np.bincount(group, weights=1.0 - y)
-    below = np.cumsum(neg) - neg
-    return float(np.sum(pos * (below + 0.5 * neg)) / (pos_total * neg_total))
+    _, level = np.unique(p, return_inverse=True)  # ascending scores; ties share a level
+    return float(auroc_from_levels(np.bincount(level, weights=y), np.bincount(level, weights=1.0 - y)))
+
+
+def auroc_from_levels(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
+    """AUROC from the positive and negative weight at each distinct score, scores ascending along the last
+    axis (``[..., levels]``; e.g. one row per bootstrap resample): ties count one half; NaN without
+    positives or negatives.
+
+    >>> float(auroc_from_levels(np.array([0.0, 1.0, 0.0, 1.0]), np.array([1.0, 0.0, 1.0, 0.0])))  # as auroc_score's
+    0.75
+    """
+    below = np.cumsum(neg, axis=-1) - neg
+    pos_total, neg_total = pos.sum(axis=-1), neg.sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        auc = np.sum(pos * (below + 0.5 * neg), axis=-1) / (pos_total * neg_total)
+    return np.where((pos_total > 0) & (neg_total > 0), auc, np.nan)
 
 
 @dataclass(frozen=True)
@@ -368,16 +396,10 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
 
 def resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: Bins, p: np.ndarray, y: np.ndarray) -> np.ndarray:
     """ECE of each resample (row of ``weights``) with the bins of ``b``."""
-    n_groups, n_bins = weights.shape[1], b.count.size
-    cell = gidx * n_bins + b.ids
-    size = n_groups * n_bins
-    pc = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
-    count = np.bincount(cell, minlength=size).reshape(n_groups, n_bins)
-    psum = np.bincount(cell, weights=pc, minlength=size).reshape(n_groups, n_bins)
-    ysum = np.bincount(cell, weights=y, minlength=size).reshape(n_groups, n_bins)
-    total = weights @ count.sum(axis=1)
+    count, psum, ysum = request_bins(gidx, b.ids, np.clip(p, EPS_PROB, 1.0 - EPS_PROB), y, weights.shape[1],
+                                     b.count.size)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.abs(weights @ psum - weights @ ysum).sum(axis=1) / total
+        return ece_from_sums(weights @ count, weights @ psum, weights @ ysum)
 
 
 def none_if_nan(x: float) -> float | None:

@@ -148,7 +148,7 @@ with widgets.guard("Sequential Temperature Scaling"):
                                      help="Recorded confidences are after the server's STS; the fit needs those "
                                           "temperatures to recover the raw logits.")
         if upload is not None:
-            from dspark_obs.estimators.calibration.sts import StsCalibration
+            from dspark_obs.sts_format import StsCalibration
 
             current = tuple(StsCalibration.from_json(upload.getvalue()).temperatures)
         if served and current is None:
