@@ -32,11 +32,7 @@ SQL = sorted((ROOT / "dspark_obs" / "sql").rglob("*.sql"))
 
 # Pairs of files whose repeats may stand for now, each with its reason.  An entry that no longer
 # matches a repeat fails the suite, so the list cannot outlive what it excuses.
-ALLOWED: dict[frozenset[str], str] = {
-    frozenset({"collectors/sglang/decode.py", "dspark_obs/records.py"}):
-        "SGLang's DecodeStepRecord fields, declared by the collector's decoder and by the emulator's "
-        "records: the renovation gives the format one declaration; drop this entry with that change",
-}
+ALLOWED: dict[frozenset[str], str] = {}
 
 
 def _pieces(path: Path) -> list[tuple[int, int, int]]:
