@@ -7,7 +7,7 @@ import streamlit as st
 
 from dspark_obs.estimators.calibration import sts
 from dspark_obs.ui import charts, verdicts, widgets
-from dspark_obs.ui.charts._base import sorted_workloads
+from dspark_obs.ui.charts.base import sorted_workloads
 from dspark_obs.ui.charts.calibration import RECALIBRATION_ORDER
 
 ds, f = widgets.page("Calibration",

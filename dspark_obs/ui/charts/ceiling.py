@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dspark_obs.ui.charts._base import (
+from dspark_obs.ui.charts.base import (
     as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, run_colors, sorted_workloads,
     tidy_legend,
 )

@@ -16,7 +16,7 @@ from plotly.colors import sample_colorscale
 
 from dspark_obs import costtable as ct
 from dspark_obs.estimators.figures import costmodel_curves
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
+from dspark_obs.ui.charts.base import as_frame, new_figure, no_data, require_columns, tidy_legend
 from dspark_obs.ui.palette import model_color
 
 __all__ = ["table_from_fit", "predict_cells", "curve_frame", "costmodel_raw_vs_fitted", "predicted_vs_measured",
