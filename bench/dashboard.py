@@ -59,7 +59,7 @@ def _free_port() -> int:
 
 def _start(data: str, *, floor: bool = False) -> tuple[subprocess.Popen, str]:
     """Serve the dashboard on ``data`` (or, with ``floor``, the bare page of ``dashboard_floor.py``)."""
-    from dspark_obs.commands.dashboard import streamlit_command, streamlit_env
+    from dspark_obs.ui.serve import streamlit_command, streamlit_env
 
     port = _free_port()
     if floor:

@@ -33,7 +33,7 @@ import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from dspark_obs.commands.companion import CompanionOptions, run_companion  # noqa: E402
+from collectors.sglang.companion_run import CompanionOptions, run_companion  # noqa: E402
 from collectors.sglang.driver import DriveSpec  # noqa: E402
 from collectors.sglang.session import CollectOptions, collect  # noqa: E402
 from dspark_obs import sql  # noqa: E402

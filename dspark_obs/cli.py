@@ -37,6 +37,7 @@ def main(version: bool = typer.Option(False, "--version", callback=_version, is_
 
 
 def _register_commands() -> None:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.commands import register_all
 
     register_all(app)

@@ -13,6 +13,7 @@ terminal (a number or an id is broken across lines, never cut to ``…``),
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import io
 import json
 import os
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
+from typer import rich_utils
 
 FORMATS = ("table", "csv", "json")
 FORMAT_HELP = "table (folded to fit the terminal) | csv | json (one object per table and line)"
@@ -36,11 +38,16 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def check_choice(flag: str, value: str, choices, hint: str = "") -> str:
+    """A plain-string option's check against its choices: the value seen, the ones allowed, a hint."""
+    if value not in choices:
+        fail(f"{flag} {value!r} is not one of {', '.join(choices)}{hint}")
+    return value
+
+
 def check_format(fmt: str) -> str:
     """``--format``'s check, for commands that take it as a plain string."""
-    if fmt not in FORMATS:
-        fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}; e.g. --format csv")
-    return fmt
+    return check_choice("--format", fmt, FORMATS, "; e.g. --format csv")
 
 
 def _click_error(exc) -> None:
@@ -57,7 +64,6 @@ def _click_error(exc) -> None:
 
 def install_click_errors() -> None:
     """Route typer's rich error panel (which wraps at the terminal width) to :func:`_click_error`."""
-    from typer import rich_utils
 
     rich_utils.rich_format_error = _click_error
 
@@ -131,7 +137,6 @@ def in_range(lo: Optional[float] = None, hi: Optional[float] = None, what: str =
 
 def default_run_id(prefix: str) -> str:
     """``PREFIX-YYYYmmddTHHMMSS`` (UTC): the run id a command picks when none is given."""
-    import datetime as dt
 
     return f"{prefix}-{dt.datetime.now(dt.timezone.utc).strftime('%Y%m%dT%H%M%S')}"
 

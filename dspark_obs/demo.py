@@ -12,16 +12,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from collectors.sglang.driver import DriveSpec
+from collectors.sglang.companion_run import CompanionOptions, format_summary, run_companion
+from collectors.sglang.driver import DriveSpec, PlannedRequest
 from collectors.sglang.session import CollectOptions, collect
 from dspark_obs import pipeline
 from dspark_obs import sql as sqlmod
 from dspark_obs.console import print_table
-from dspark_obs.commands.companion import CompanionOptions, format_summary, run_companion
+from dspark_obs.emulator.realmodel.prompts import prompt_for
 from dspark_obs.emulator.subprocess_server import SubprocessServer
+from dspark_obs.report import InputError, ThresholdsError, figures_stage
 from dspark_obs.store import Store
 
 WORKLOADS = ["gsm8k", "arena-hard", "poetry"]
@@ -71,7 +74,7 @@ def run_demo(out: Path, *, quick: bool = False, seed: int = 0, serve_dashboard: 
         f"Open the dashboard: [bold]dspark-obs dashboard --data {out}[/bold]"
         f"{'   (or: make dashboard)' if Path(out) == Path('demo-data') else ''}", soft_wrap=True)
     if serve_dashboard:
-        from dspark_obs.commands.dashboard import serve_dashboard as _serve
+        from dspark_obs.ui.serve import serve_dashboard as _serve  # at call time: only demo --serve uses it
 
         console.print("serving the dashboard on http://127.0.0.1:8501 (Ctrl-C to stop)")
         _serve(out, "127.0.0.1", 8501, console=console)
@@ -105,23 +108,19 @@ def _collect_run(store: Store, mode: str, run_id: str, *, of: str, spec: DriveSp
 
 def demo_sweep(out: Path, *, quick: bool, seed: int, console: Console) -> str:
     """The demo's concurrency sweep (``dspark-obs sweep``, its quick form with ``quick``); the sweep id."""
-    from dspark_obs import sweep
-    from dspark_obs.commands.sweep import run_sweep_with_progress
+    from dspark_obs import sweep  # at call time: only demo --sweep uses it
 
     sweep_id = f"demo-sweep-s{seed}"
     opts = sweep.SweepOptions.quick(sweep_id, seed=seed) if quick else sweep.SweepOptions(sweep_id, seed=seed)
     console.print(f"[bold]sweep[/bold] {sweep_id}: {', '.join(opts.methods)} at concurrency "
                   f"{', '.join(map(str, opts.concurrency))} on {', '.join(opts.workloads)}")
-    run_sweep_with_progress(out, opts, console=console)
+    sweep.run_sweep_with_progress(Store(out), opts, console=console)
     return sweep_id
 
 
 def _model_requests(n: int, *, max_new_tokens: int, seed: int) -> list:
     """The demo's traffic for a real model: real prompts per workload, rids as the driver names them."""
-    import numpy as np
 
-    from collectors.sglang.driver import PlannedRequest
-    from dspark_obs.emulator.realmodel.prompts import prompt_for
 
     rng = np.random.default_rng([seed, 11])
     return [PlannedRequest(i, f"{WORKLOADS[i % 3]}-{i:06d}", WORKLOADS[i % 3], prompt_for(WORKLOADS[i % 3], i // 3),
@@ -178,7 +177,6 @@ def write_report(out: Path, run_id: str, *, png: bool, console: Console) -> Path
     The pipeline's ``figures`` stage; an input or thresholds error is printed, not raised (the demo's data
     is in the store either way).
     """
-    from dspark_obs.report import InputError, ThresholdsError, figures_stage
 
     target = Path(out) / "report"
     plan = pipeline.Plan(run_id, stages=("figures",), n_bootstrap=200, report={"png": png})

@@ -11,7 +11,7 @@ from typing import Optional, Union
 
 import typer
 
-from dspark_obs.console import fail
+from dspark_obs.console import check_choice, fail
 
 __all__ = ["ENGINE", "RAY_ADDRESS", "RAY_WORKERS", "JOBS", "PRELOAD", "DATA_ROOT_HELP", "engine_for", "data_root"]
 
@@ -38,13 +38,14 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs
     :class:`~dspark_obs.process_engine.ProcessEngine` of ``jobs`` processes (default: all cores; its
     workers fork after importing ``preload``, and end when the command's ``ctx`` closes), or None for one
     process."""
+    # at call time: the CLI imports this module to declare its options; each engine loads for its command
     from dspark_obs.ray_engine import ENGINES, RayEngine, RayUnavailable
 
-    if engine not in ENGINES:
-        fail(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    check_choice("--engine", engine, ENGINES)
     if engine == "local":
         if address is not None or workers is not None:
             fail("--ray-address and --ray-workers need --engine ray")
+        # at call time: the CLI imports this module to declare its options; each engine loads for its command
         from dspark_obs.process_engine import ProcessEngine, default_jobs
 
         jobs = default_jobs() if jobs is None else jobs
@@ -66,6 +67,7 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs
 
 def data_root(data: str) -> Union[str, Path]:
     """``--data`` as the store's root: an object-store URL as given, else an existing directory."""
+    # at call time: the CLI imports this module to declare its options; each engine loads for its command
     from dspark_obs.store import is_url
 
     if is_url(data):

@@ -109,7 +109,7 @@ class Finding:
 
 @dataclass(frozen=True)
 class Limits:
-    """The doctor's limits; :meth:`from_thresholds` takes them from the report's thresholds file."""
+    """The doctor's limits; :meth:`from_thresholds` takes them from a parsed thresholds file (the report's)."""
 
     min_budget_trimmed_share: float = 0.05
     max_trim_regret: float = 0.5
@@ -122,11 +122,8 @@ class Limits:
     min_fit_steps: int = 30
 
     @classmethod
-    def from_thresholds(cls, th=None) -> "Limits":
-        """The limits of a parsed thresholds file (``th``), or of the built-in defaults."""
-        from dspark_obs.report.thresholds import load_thresholds  # the file's home; imported only here
-
-        th = th if th is not None else load_thresholds()
+    def from_thresholds(cls, th) -> "Limits":
+        """The limits of a parsed thresholds file (``report.thresholds.load_thresholds()``: its defaults)."""
 
         def lim(metric: str, key: str, default: float) -> float:
             rule, _ = th.rule(metric, workload="*")

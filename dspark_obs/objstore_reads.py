@@ -75,6 +75,7 @@ class PositionalFile(io.RawIOBase):
 
 def duckdb_filesystem(fs: pafs.FileSystem, scheme: str):
     """``fs`` as an fsspec filesystem named ``scheme`` whose files :class:`PositionalFile` serves."""
+    # at call time: fsspec's wrapper is needed only for object stores
     from fsspec.implementations.arrow import ArrowFSWrapper
 
     class _Wrapper(ArrowFSWrapper):

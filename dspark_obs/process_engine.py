@@ -27,6 +27,8 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Callable
 
+from dspark_obs import sql
+
 __all__ = ["ProcessEngine", "default_jobs"]
 
 
@@ -44,7 +46,6 @@ def _ready() -> int:
 
 def _worker_init() -> None:
     """A worker's DuckDB takes one core: its siblings have the others."""
-    from dspark_obs import sql
 
     sql.WORKER_THREADS = 1
 

@@ -27,6 +27,7 @@ class RayUnavailable(RuntimeError):
 
 def _ray():
     try:
+        # at call time: ray is the optional [ray] extra
         import ray
     except ImportError:
         raise RayUnavailable(f"--engine ray needs Ray, which is not installed: {INSTALL_HINT}") from None

@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import datetime as _dt
 import decimal
+import functools
 import io
 import json
 import math
@@ -20,12 +21,14 @@ import threading
 from pathlib import Path
 from typing import Any, Literal
 
-import functools
-
 import duckdb
 import pyarrow as pa
+import pyarrow.fs as pafs
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
-from dspark_obs import quarantine, schema
+from dspark_obs import fleet, quarantine, schema
 from dspark_obs.sql_statements import check_statement
 from dspark_obs.store import PART_GLOB, Store, is_url
 
@@ -83,7 +86,7 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     """
     remote = is_url(root)
     if remote:  # s3://bucket/prefix?...: read through pyarrow's filesystem, no DuckDB extension
-        store = _object_store(str(root))
+        store = object_store_for(str(root))
         root_text = store.root
     else:
         root_text = str(Path(root).resolve())
@@ -134,7 +137,7 @@ def connection_and_store(con_or_store):
 
 
 @functools.lru_cache(maxsize=16)
-def _object_store(url: str) -> Store:
+def object_store_for(url: str) -> Store:
     """One Store per object-store URL (its filesystem holds the connection)."""
     return Store(url)
 
@@ -150,7 +153,7 @@ def fsspec_filesystem(store: Store):
 def _tables_with_files(root: str) -> set[str]:
     """Tables with part files in the old (flat) layout: directly under ``run_id=<id>/``."""
     if is_url(root):
-        store = _object_store(root)
+        store = object_store_for(root)
         return {t for t in schema.TABLES if store.part_files(t, fleet_layout=False)}
     base = Path(root)
     return {t for t in schema.TABLES if next(base.glob(f"{t}/*/{PART_GLOB}"), None) is not None}
@@ -158,12 +161,10 @@ def _tables_with_files(root: str) -> set[str]:
 
 def _fleet_state(root: str) -> tuple[str, dict[str, list[str]]]:
     """The fleet layout's manifest fingerprint and committed files per table, as DuckDB paths."""
-    import pyarrow.fs as pafs
 
-    from dspark_obs import fleet
 
     if is_url(root):
-        store = _object_store(root)
+        store = object_store_for(root)
         fs, base, prefix = store.fs, store.base, f"{store.scheme}://"
     else:
         if not (Path(root) / fleet.MANIFEST_DIR).is_dir():
@@ -196,7 +197,7 @@ def refresh(con: duckdb.DuckDBPyConnection) -> None:
     fingerprint, fleet_files = _fleet_state(root)
     fleet_changed = fingerprint != (_variable(con, _FLEET_VAR) or "")
     if is_url(root):
-        root = _object_store(root).root
+        root = object_store_for(root).root
     changed = [t for t in schema.TABLES if (t in now_filled) != (t in filled) or t not in views or fleet_changed]
     for table in changed:
         con.execute(_view_sql(con, root, table, table in now_filled, fleet_files.get(table, [])))
@@ -452,9 +453,6 @@ def format_result(table: pa.Table, fmt: Literal["table", "csv", "json"] = "table
 
 
 def _rich_table(table: pa.Table, names: list[str], rows: list[dict], width: int | None = None) -> str:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
 
     out = Table(show_edge=True, header_style="bold")
     for name, col in zip(names, table.columns):

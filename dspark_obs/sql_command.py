@@ -36,6 +36,7 @@ def check_canned_name(query: str, canned: list[str], views: list[str]) -> None:
 
 def terminal_width() -> int:
     """The terminal's width ($COLUMNS first, as rich reads it; 80 when unknown, e.g. a pipe)."""
+    # at call time: the CLI imports every command module to declare its options
     from rich.console import Console
 
     return Console().width
@@ -47,6 +48,7 @@ def render(table, fmt: str, width: int) -> str:
     A result with more columns than fit even folded (each at least ~8 characters) is printed
     the way psql's expanded display does: per row, one ``column  value`` line per column.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import sql as sqlmod
 
     if fmt != "table":
@@ -57,6 +59,7 @@ def render(table, fmt: str, width: int) -> str:
     if table.num_columns * 11 + 1 <= width:
         return sqlmod.format_result(table, "table", width=width)
     if table.num_rows == 0:
+        # at call time: the CLI imports every command module to declare its options
         import textwrap
 
         return textwrap.fill(f"no rows; columns: {', '.join(table.column_names)}", width)
@@ -64,6 +67,7 @@ def render(table, fmt: str, width: int) -> str:
 
 
 def _expanded(table, width: int) -> str:
+    # at call time: the CLI imports every command module to declare its options
     import csv
     import io
 
@@ -112,6 +116,7 @@ def deadline(seconds: float, what: str) -> Iterator[None]:
 
 def run_sql_command(data: Path, query: str, params: dict[str, Any], *, fmt: str, max_rows: int,
                     limit: int | None, timeout_s: float) -> None:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import schema
     from dspark_obs import sql as sqlmod
     from dspark_obs import sql_readonly

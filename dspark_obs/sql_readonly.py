@@ -36,8 +36,11 @@ import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from dspark_obs import schema
+from dspark_obs import quarantine, schema
+from dspark_obs import sql as sqlmod
+from dspark_obs.sql import object_store_for
 from dspark_obs.sql_statements import ALLOWED_PRAGMAS, check_statement  # the second lock (see above)
+from dspark_obs.store import Store, is_url, table_read_schema
 
 __all__ = ["open_connection", "check_statement", "run", "ALLOWED_PRAGMAS"]
 
@@ -46,17 +49,14 @@ _PARTITIONING = ds.partitioning(pa.schema([("run_id", pa.string())]), flavor="hi
 
 def _table_files(root: str | Path, table: str) -> tuple[list[str], Any, str]:
     """``(files, pyarrow filesystem, base dir)`` of one table; ``runs``: the newest file per run."""
-    from dspark_obs.sql import _object_store
-    from dspark_obs.store import Store, is_url
 
-    store = _object_store(str(root)) if is_url(root) else Store(root)
+    store = object_store_for(str(root)) if is_url(root) else Store(root)
     return store.part_files(table), store.fs, f"{store.base}/{table}"
 
 
 def _dataset(root: str | Path, table: str) -> ds.Dataset | pa.Table:
-    from dspark_obs.store import _read_schema
 
-    read_schema = _read_schema(table)
+    read_schema = table_read_schema(table)
     files, fs, base = _table_files(root, table)
     if not files:
         return read_schema.empty_table()
@@ -71,9 +71,6 @@ def open_connection(root: str | Path) -> duckdb.DuckDBPyConnection:
     (one per table, ``step_reqs_w``, the table macros); they read the part files
     that exist now, through pyarrow.  Close it after one query (see :func:`run`).
     """
-    from dspark_obs import quarantine
-    from dspark_obs import sql as sqlmod
-    from dspark_obs.store import is_url
 
     local = not is_url(root)
     if local:
@@ -111,7 +108,6 @@ def run(root: str | Path, sql_or_name: str, params: dict[str, Any] | None = None
     Refuses anything but reading statements (:func:`check_statement`) before
     it runs; the connection is closed afterwards whatever happened.
     """
-    from dspark_obs import sql as sqlmod
 
     con = open_connection(root)
     try:

@@ -99,7 +99,7 @@ def validate_run_id(run_id: str) -> str:
     return run_id
 
 
-def _read_schema(table: str) -> pa.Schema:
+def table_read_schema(table: str) -> pa.Schema:
     """What readers see: the file schema plus the ``run_id`` partition column."""
     return schema.schema_for(table).append(pa.field("run_id", pa.string(), nullable=False))
 
@@ -110,7 +110,7 @@ def _part_name(writer_id: str | None, now: _dt.datetime | None = None) -> str:
     return f"part-{now.strftime(_TS_FORMAT)}{writer}-{secrets.token_hex(4)}.parquet"
 
 
-def _name_time(name: str) -> _dt.datetime | None:
+def part_file_time(name: str) -> _dt.datetime | None:
     """The UTC time in a part file name; None for a name this module did not make."""
     try:
         stamp = name.split("-")[1]
@@ -242,7 +242,7 @@ class Store:
         if not self.local:
             older = [n for n in older if f"-{self.writer_id}-" in n]
         now = _dt.datetime.now(_dt.timezone.utc)
-        latest = max(filter(None, map(_name_time, older)), default=None)
+        latest = max(filter(None, map(part_file_time, older)), default=None)
         if latest is not None and latest >= now:  # clock went back, or the same microsecond
             now = latest + _dt.timedelta(microseconds=1)
         path = self._commit(partition, data, self._name(now))
@@ -330,7 +330,7 @@ class Store:
         an empty table with the same columns.  For ``runs`` only the newest
         part file of each run counts (see :meth:`upsert_run`).
         """
-        read_schema = _read_schema(table)
+        read_schema = table_read_schema(table)
         if run_id is not None:
             validate_run_id(run_id)
         for attempt in range(3):  # an upsert may delete a file we just listed

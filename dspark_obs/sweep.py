@@ -121,6 +121,7 @@ def run_sweep(store, opts: SweepOptions, *, on_point: Callable[[SweepPoint, Any]
 
     A re-run of the same ``sweep_id`` replaces its own runs.
     """
+    # at call time: the CLI imports this module to declare the sweep's options
     from dspark_obs.emulator.subprocess_server import SubprocessServer
 
     run_ids = []
@@ -136,8 +137,24 @@ def run_sweep(store, opts: SweepOptions, *, on_point: Callable[[SweepPoint, Any]
     return run_ids
 
 
+def run_sweep_with_progress(store, opts: SweepOptions, *, console) -> list[str]:
+    """:func:`run_sweep` with a progress bar over its points (``dspark-obs sweep``, ``demo --sweep``)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # at call time: the CLI imports this module to declare its options
+
+    total = len(points(opts))
+    with Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console, transient=False) as bar:
+        task = bar.add_task(f"sweep {opts.sweep_id}", total=total)
+
+        def done(point, summary) -> None:
+            bar.update(task, advance=1, description=f"{point.method} {point.workload} c={point.concurrency}")
+
+        return run_sweep(store, opts, on_point=done)
+
+
 def _drive_real(store, opts: SweepOptions, mine: list[SweepPoint], url: str, on_point) -> list[str]:
     """A real server's points: the forced budget for no-trim, cleared afterwards whatever happens."""
+    # at call time: the CLI imports this module to declare the sweep's options
     from collectors.sglang.companion import CompanionError, check_server
 
     method = mine[0].method
@@ -160,6 +177,7 @@ def _drive_real(store, opts: SweepOptions, mine: list[SweepPoint], url: str, on_
 
 def _set_emulator_lockstep(url: str, concurrency: int, total: int) -> None:
     """Hold the emulator's forwards until the client has refilled: the batch is the point's concurrency."""
+    # at call time: the CLI imports this module to declare the sweep's options
     import httpx
 
     args = {"emulator_lockstep_concurrency": concurrency, "emulator_lockstep_total": total}
@@ -167,6 +185,7 @@ def _set_emulator_lockstep(url: str, concurrency: int, total: int) -> None:
 
 
 def _force_budget(url: str, frac: Optional[float]) -> None:
+    # at call time: the CLI imports this module to declare the sweep's options
     import httpx
 
     resp = httpx.post(f"{url}/set_internal_state", json={"server_args": {"dspark_force_budget_frac": frac}},
@@ -177,6 +196,7 @@ def _force_budget(url: str, frac: Optional[float]) -> None:
 
 
 def _collect_point(store, opts: SweepOptions, point: SweepPoint, url: str, on_point) -> str:
+    # at call time: the CLI imports this module to declare the sweep's options
     from collectors.sglang.driver import DriveSpec
     from collectors.sglang.session import CollectOptions, collect
 

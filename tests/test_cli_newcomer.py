@@ -33,7 +33,7 @@ def _stderr_console_at_80(monkeypatch):
 @pytest.fixture(scope="module")
 def demo_store(tmp_path_factory):
     """``dspark-obs demo --quick``: it must exit on its own, without serving the dashboard."""
-    from dspark_obs.commands import dashboard
+    from dspark_obs.ui import serve as dashboard
 
     out = tmp_path_factory.mktemp("newcomer") / "demo-data"
     served = []

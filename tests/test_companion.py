@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 
 from dspark_obs import sql
 from dspark_obs.cli import app
-from dspark_obs.commands.companion import CompanionOptions, run_companion
+from collectors.sglang.companion_run import CompanionOptions, run_companion
 from dspark_obs.emulator.engine import EngineConfig, tokenize
 from dspark_obs.emulator.server import BackgroundServer
 from dspark_obs.estimators import pairing

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from dspark_obs.cli import app
-from dspark_obs.commands import dashboard
+from dspark_obs.ui import serve as dashboard
 
 
 def test_streamlit_command_is_headless_without_telemetry_and_passes_the_data_root(tmp_path):

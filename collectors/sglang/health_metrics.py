@@ -85,13 +85,20 @@ POSITION_COUNTERS = (
 )
 
 
+def _default_limits() -> health.Limits:
+    """The limits of the packaged thresholds file (the report's, so the gauge and the report's gates agree)."""
+    from dspark_obs.report.thresholds import load_thresholds  # start-up: the report package costs ~1 s to import
+
+    return health.Limits.from_thresholds(load_thresholds())
+
+
 class HealthCounters:
     """A Prometheus collector of the health counters; :meth:`add` queues one poll's batch."""
 
     def __init__(self, *, window_rows: int = 20_000, fold_rows: int = 100_000,
                  limits: Optional[health.Limits] = None) -> None:
         self.window_rows, self.fold_rows = max(1, window_rows), max(1, fold_rows)
-        self.limits = limits or health.Limits.from_thresholds()
+        self.limits = limits or _default_limits()
         self._lock = threading.Lock()  # pending batches and totals: held only briefly (the poll loop adds)
         self._fold_lock = threading.Lock()  # one fold at a time (the query's connection is reused)
         self._folder: Optional[threading.Thread] = None

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Optional
 import numpy as np
 import pyarrow as pa
 
-from collectors.importers import iter_lines
+from collectors.lines import iter_lines
 
 SOURCES = ("requests", "request-log", "prompts")
 _LOG_PREFIX = re.compile(r"^\[[^\]]*\]\s*")
@@ -195,7 +195,7 @@ def read_request_log(path: str | Path, *, workload=None) -> InputSet:
     """Inputs from SGLang's JSON request log (``request.finished`` events; ``request.received`` fills in).
 
     ``workload(rid)`` names each request's workload (e.g. a
-    :class:`collectors.importers.WorkloadResolver`).  The replay order is the
+    :class:`collectors.workloads.WorkloadResolver`).  The replay order is the
     ``request.received`` time, else the finished time minus ``e2e_latency``.
     """
     out = InputSet("request-log")

@@ -24,7 +24,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from collectors.importers.requests import finished_rows, parse_log_line
+from collectors.sglang.responses import finished_rows, parse_log_line
 
 __all__ = ["LogTail", "RequestLogFollower"]
 

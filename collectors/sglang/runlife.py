@@ -28,7 +28,8 @@ from typing import Any, Optional
 
 import pyarrow.compute as pc
 
-from dspark_obs.store import _name_time
+from dspark_obs import schema
+from dspark_obs.store import part_file_time
 
 __all__ = ["RunExists", "ResumePoint", "existing_run", "check_new_run", "resume_point", "mark_crashed",
            "remove_stale_tmp", "last_commit"]
@@ -65,7 +66,6 @@ def existing_run(store, run_id: str) -> Optional[dict[str, Any]]:
 
 def last_commit(store, run_id: str) -> Optional[_dt.datetime]:
     """Time of the run's newest part file in any table (from the file names)."""
-    from dspark_obs import schema
 
     newest = None
     for table in schema.TABLES:
@@ -74,7 +74,7 @@ def last_commit(store, run_id: str) -> Optional[_dt.datetime]:
         except (OSError, ValueError):
             continue
         for f in files:
-            t = _name_time(str(f).rsplit("/", 1)[-1])
+            t = part_file_time(str(f).rsplit("/", 1)[-1])
             if t is not None and (newest is None or t > newest):
                 newest = t
     return newest

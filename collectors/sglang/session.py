@@ -44,11 +44,12 @@ import pyarrow as pa
 
 from collectors.sglang import losses, runlife, validate
 from collectors.sglang.cursor import ForwardCursor, Gap, RankCursor
-from collectors.sglang.polling import DEBUG_DUMP_HINT, PollingMixin
-from collectors.sglang.decode import PayloadError, decode_server_info, server_args
-from collectors.sglang.driver import DriveSpec, PlannedRequest, drive
+from collectors.sglang.driver import DriveSpec, PlannedRequest, drive, plan_requests
 from collectors.sglang.metrics import SidecarMetrics
+from collectors.sglang.polling import PollingMixin, first_server_info
+from collectors.sglang.request_log import RequestLogFollower
 from collectors.sglang.writer import BufferedWriter
+from collectors.workloads import WorkloadResolver
 from dspark_obs import schema
 from dspark_obs.health import ServerState
 
@@ -212,13 +213,7 @@ class Collector(PollingMixin):
             raise CollectError(f"cannot read {self.opts.url}/server_info: {exc}. Is the server up "
                                "(GET /health) and is --url right?") from exc
         body = resp.content
-        try:
-            info = decode_server_info(body)
-            args = server_args(body)
-        except PayloadError as exc:
-            raise CollectError(f"{self.opts.url}/server_info is not an SGLang server_info body: {exc}") from exc
-        if not info.has_dspark:
-            raise CollectError(f"{self.opts.url} exposes no dspark_info_record: {DEBUG_DUMP_HINT}")
+        info, args = first_server_info(self.opts.url, body, CollectError)
         first = next(r for r in info.ranks if r.gamma or r.mode)
         self.cursor.note_start(info)
         held = {r.dp_rank: r.records[-1].forward_ct for r in info.ranks if r.records}
@@ -308,7 +303,6 @@ class Collector(PollingMixin):
         """What to send: the given replay, or the planned traffic less what a resumed run finished."""
         if self.opts.planned is not None or self.resumed is None:
             return self.opts.planned
-        from collectors.sglang.driver import plan_requests
 
         done = {r.rsplit("@", 1)[0] for r in self.resumed.rids}
         return [req for req in plan_requests(self.opts.drive) if req.rid.rsplit("@", 1)[0] not in done]
@@ -343,8 +337,6 @@ class Collector(PollingMixin):
             self._period_gap(fields.pop("reason"), **fields)
 
     async def _follow_request_log(self) -> None:
-        from collectors.importers import WorkloadResolver
-        from collectors.sglang.request_log import RequestLogFollower
 
         self._log_follower = RequestLogFollower(self.opts.request_log, WorkloadResolver(), redact=self.opts.redact_text)
         while not self._stop.is_set():

@@ -16,7 +16,7 @@ import typer
 
 from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
 from dspark_obs.commands.estimate import step_progress
-from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
+from dspark_obs.console import FORMAT_HELP, check_choice, check_format, fail, in_range, print_table
 from rich.table import Table
 
 LABEL_CHOICES = ("observed", "reconstructed", "companion", "all")
@@ -91,12 +91,12 @@ def calibrate(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import calibration as cal
 
     check_format(format)
-    if labels not in LABEL_CHOICES:
-        fail(f"--labels {labels!r} is not one of {', '.join(LABEL_CHOICES)}")
+    check_choice("--labels", labels, LABEL_CHOICES)
     data = data_root(data)
     current = _read_sts(current_sts) if current_sts is not None else None
     if recalibrate_out is not None and not recalibrate:
@@ -137,6 +137,7 @@ def calibrate(
 
 def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap, out: Optional[Path], *,
                  fmt: str = "table") -> None:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration import recalibration as rc
 
     kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels
@@ -164,6 +165,7 @@ def _recalibrate(con, run, labels, results, companion, current, seed, bootstrap,
 
 
 def _recalibration_table(result) -> Table:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration import recalibration as rc
 
     table = Table(title=f"Held-out ECE of survival S_k after each map ({result.labels} labels, all workloads; "
@@ -186,7 +188,8 @@ def _recalibration_table(result) -> Table:
 
 
 def _read_sts(path: Path) -> list[float]:
-    from dspark_obs.estimators.calibration.sts import StsCalibration
+    # at call time: the CLI imports every command module to declare its options
+    from dspark_obs.sts_format import StsCalibration
 
     try:
         return StsCalibration.from_json(path.read_bytes()).temperatures
@@ -207,6 +210,7 @@ def _server_sts_path(con, run: str) -> Optional[str]:
 
 def _fit_and_write(con, run, labels, results, companion, current, current_sts, out: Path, *,
                    fmt: str = "table") -> None:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration import sts
 
     kind = next((k for k in _STS_PREFERENCE if k in results), None) if labels == "all" else labels

@@ -69,6 +69,7 @@ def collect(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
+    # at call time: the CLI imports every command module to declare its options
     from collectors.sglang.session import CollectOptions
     from dspark_obs.store import validate_run_id
 
@@ -95,6 +96,7 @@ def collect(
     fit = _ceiling_fit(ceiling_fit, metrics_port)
     launch = None
     if server_command:
+        # at call time: the CLI imports every command module to declare its options
         from collectors.sglang.launcher import LaunchSpec
 
         launch = LaunchSpec(list(server_command), url=url, startup_timeout=startup_timeout,
@@ -178,6 +180,7 @@ def _exit_for(summary) -> None:
         problems.append(f"{summary.rows_failed} rows could not be written")
     problems += [e for e in summary.write_errors if e.startswith(("runs:", "gaps:"))]
     if problems:
+        # at call time: the CLI imports every command module to declare its options
         from rich.markup import escape
 
         console.print(f"[red]error:[/red] {escape('; '.join(problems))}", soft_wrap=True, highlight=False)
@@ -186,6 +189,7 @@ def _exit_for(summary) -> None:
 
 def run_collector(store, opts, total_requests: Optional[int], *, metrics_port: Optional[int] = None,
                    metrics_host: str = "127.0.0.1", launch=None, ceiling_fit=None):
+    # at call time: the CLI imports every command module to declare its options
     import asyncio
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -224,6 +228,7 @@ def run_collector(store, opts, total_requests: Optional[int], *, metrics_port: O
             try:
                 if launch is None:
                     return asyncio.run(attach())
+                # at call time: the CLI imports every command module to declare its options
                 from collectors.sglang.launcher import LaunchError
 
                 try:
@@ -241,6 +246,7 @@ async def launch_and_collect(store, opts, spec, on_progress, metrics):
 
     Long: the signal handlers must cover every await from the launch to the shutdown in one frame.
     """
+    # at call time: the CLI imports every command module to declare its options
     import asyncio
 
     from collectors.sglang.launcher import ChildServer
@@ -291,6 +297,7 @@ async def launch_and_collect(store, opts, spec, on_progress, metrics):
         await child.shutdown(received[0] if received else signal.SIGTERM)
         raise
     if spec.estimator_jsonl:
+        # at call time: the CLI imports every command module to declare its options
         from collectors.importers.estimator import import_estimator_jsonl
 
         try:

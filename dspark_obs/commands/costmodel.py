@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.console import FORMAT_HELP, check_format, console as err, fail, print_table
+from dspark_obs.console import FORMAT_HELP, check_choice, check_format, console as err, fail, print_table
 from rich.console import Console
 from rich.table import Table
 
@@ -52,13 +52,13 @@ def costmodel(
 
     Example: `dspark-obs costmodel --data D --run static-run --run compact-run --out table.json`
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import costtable, sql
     from dspark_obs.estimators import costmodel as cm
     from dspark_obs.store import Store, validate_run_id
 
     check_format(format)
-    if timer not in TIMERS:
-        fail(f"--timer {timer!r} is not one of {', '.join(TIMERS)}")
+    check_choice("--timer", timer, TIMERS)
     if not data.is_dir():
         fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
     for r in run:
@@ -83,6 +83,7 @@ def costmodel(
 
 
 def _print(report, out: Optional[Path], fmt: str = "table") -> None:
+    # at call time: the CLI imports every command module to declare its options
     from rich.markup import escape
 
     console = Console() if fmt == "table" else err  # csv/json: stdout holds only the tables
@@ -121,6 +122,7 @@ def _print(report, out: Optional[Path], fmt: str = "table") -> None:
                       f"(MAPE {report.overall_mape('fitted') * 100:.2f}% -> "
                       f"{report.overall_mape('fitted+context') * 100:.2f}%)")
     elif report.context_note:
+        # at call time: the CLI imports every command module to declare its options
         from rich.markup import escape
 
         console.print(escape(report.context_note))

@@ -26,6 +26,7 @@ def demo(
     Everything runs locally on the embedded emulator; nothing needs a GPU. It ends with the
     command that opens the dashboard (`dspark-obs dashboard --data OUT`); `--serve` runs it.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.demo import run_demo
 
     check_format(format)
@@ -35,6 +36,7 @@ def demo(
         _fail(f"--out {out} is a file; the demo writes a store directory: give a new or existing "
               f"directory, e.g. --out demo-data")
     if model is not None:
+        # at call time: the CLI imports every command module to declare its options
         from dspark_obs.emulator.realmodel import weights
 
         if model != weights.MODEL_NAME:

@@ -55,6 +55,7 @@ def doctor(
     Examples: `dspark-obs doctor --data data`, `dspark-obs doctor --data data --run demo-compact-s0`,
     `dspark-obs doctor --url http://127.0.0.1:30000 --fail-on fail --json`
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import health
     from dspark_obs.console import fail
 
@@ -85,18 +86,20 @@ def doctor(
 
 
 def _limits(path: Optional[Path]):
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import health
     from dspark_obs.console import fail
     from dspark_obs.report.thresholds import ThresholdsError, load_thresholds
 
     try:
-        return health.Limits.from_thresholds(load_thresholds(path) if path else None)
+        return health.Limits.from_thresholds(load_thresholds(path))
     except (ThresholdsError, OSError) as exc:
         fail(f"--thresholds {path}: {exc}")
 
 
 def _store_findings(data: Path, mark_crashed_after: Optional[float]) -> list:
     """Quarantined files, unclosed runs and leftover .tmp files, each a ``warn`` finding."""
+    # at call time: the CLI imports every command module to declare its options
     from collectors.sglang import runlife
     from dspark_obs import quarantine
     from dspark_obs.health import Finding
@@ -132,6 +135,7 @@ def _store_findings(data: Path, mark_crashed_after: Optional[float]) -> list:
 
 
 def _run_findings(data: Path, run: str, limits) -> list:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import health
     from dspark_obs import sql as sqlmod
     from dspark_obs.console import fail
@@ -154,6 +158,7 @@ def _run_findings(data: Path, run: str, limits) -> list:
 
 def _live_findings(url: str, limits) -> list:
     """The server's state and the health of the records its deque holds now."""
+    # at call time: the CLI imports every command module to declare its options
     import httpx
     import pyarrow as pa
 
@@ -188,6 +193,7 @@ def _live_findings(url: str, limits) -> list:
 
 
 def _print(findings: list, checked: list[str], code: int, *, json_out: bool, show_ok: bool, fail_on: str) -> None:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.console import console
 
     if json_out:

@@ -46,6 +46,7 @@ def emulate(
                        sts=sts, lockstep_concurrency=lockstep_concurrency, lockstep_wait_s=lockstep_wait_s,
                        dp_size=dp_size)
         return
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.emulator.engine import DEFAULT_HEAD_TEMPERATURE, EngineConfig
     from dspark_obs.emulator.server import load_sts_temperatures, serve
 
@@ -72,6 +73,7 @@ def emulate(
 
 def planning_table(sps_table: Optional[Path]) -> dict:
     """``EngineConfig`` fields for ``emulate --sps-table``: a file, ``none`` (SGLang without a table) or the default."""
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import costtable
 
     if sps_table is None:
@@ -84,6 +86,7 @@ def planning_table(sps_table: Optional[Path]) -> dict:
 def _emulate_model(model: Optional[str], head_transform: Optional[str], *, host: str, port: int, mode: str,
                    sts: Optional[Path], sps_table: Optional[Path], **options) -> None:
     """``emulate --model``: the real-model engine behind the same server."""
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.emulator.realmodel import weights
 
     if model is None:
@@ -103,6 +106,7 @@ def _emulate_model(model: Optional[str], head_transform: Optional[str], *, host:
         weights.require_extra()
     except weights.ModelExtraMissing as exc:
         _fail(str(exc))
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.emulator.realmodel.engine import RealModelConfig
     from dspark_obs.emulator.server import load_sts_temperatures, serve
 

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
-from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
+from dspark_obs.console import FORMAT_HELP, check_choice, check_format, fail, in_range, print_table
 from rich import box
 from rich.table import Table
 
@@ -98,13 +98,13 @@ def estimate(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import sql as sqlmod
     from dspark_obs.estimators import ceiling as ceil
     from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
 
     check_format(format)
-    if method not in METHOD_CHOICES:
-        fail(f"--method {method!r} is not one of {', '.join(METHOD_CHOICES)}")
+    check_choice("--method", method, METHOD_CHOICES)
     data = data_root(data)
     ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["estimate"], ctx=ctx)
     con = sqlmod.connect(data)
@@ -120,6 +120,7 @@ def estimate(
         err.print(f"{sglang_jsonl}: draft logprobs for {logprobs.num_rows} censored steps")
     fit = None
     if fit_in is not None:
+        # at call time: the CLI imports every command module to declare its options
         from dspark_obs.estimators.ceiling.fit import CeilingFit
 
         try:
@@ -145,6 +146,7 @@ def estimate(
 @contextmanager
 def step_progress(description: str):
     """A transient bar on stderr, advanced by ``progress(done_steps, total_steps)`` after each chunk."""
+    # at call time: the CLI imports every command module to declare its options
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} "

@@ -17,18 +17,22 @@ def register(app: typer.Typer) -> None:
 def _importer(flag: str, resolver, redact_text: bool):
     """The import function of one file flag; each importer module loads only when its flag is given."""
     if flag == "--server-info":
+        # at call time: the CLI imports every command module to declare its options
         from collectors.importers.serverinfo import import_server_info
 
         return import_server_info
     if flag in ("--generate", "--request-log"):
+        # at call time: the CLI imports every command module to declare its options
         from collectors.importers.requests import import_generate, import_request_log
 
         fn = import_generate if flag == "--generate" else import_request_log
         return lambda store, run_id, p: fn(store, run_id, p, workload=resolver, redact_text=redact_text)
     if flag == "--estimator-jsonl":
+        # at call time: the CLI imports every command module to declare its options
         from collectors.importers.estimator import import_estimator_jsonl
 
         return lambda store, run_id, p: import_estimator_jsonl(store, run_id, p, redact_text=redact_text)
+    # at call time: the CLI imports every command module to declare its options
     from collectors.importers import artifacts
 
     return {"--sps-table": artifacts.import_cost_table, "--sps-records": artifacts.import_sps_records,
@@ -65,7 +69,9 @@ def ingest(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
-    from collectors.importers import WorkloadResolver, now
+    # at call time: the CLI imports every command module to declare its options
+    from collectors.importers import now
+    from collectors.workloads import WorkloadResolver
     from dspark_obs.store import open_store
     from dspark_obs import schema
     from dspark_obs.store import validate_run_id

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.console import FORMAT_HELP, check_format, console as err, fail, print_table
+from dspark_obs.console import FORMAT_HELP, check_choice, check_format, console as err, fail, print_table
 from rich.console import Console
 from rich.table import Table
 
@@ -17,6 +17,7 @@ TIMERS = ("step_gpu_ms", "step_cpu_ms", "target_verify_gpu_ms")
 
 
 def _load_table(path: Optional[Path], flag: str):
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import costtable
 
     if path is None:
@@ -32,6 +33,7 @@ def _load_table(path: Optional[Path], flag: str):
 
 
 def _load_sts(path: Optional[Path], flag: str) -> Optional[list[float]]:
+    # at call time: the CLI imports every command module to declare its options
     import msgspec
 
     if path is None:
@@ -51,6 +53,7 @@ def _load_sts(path: Optional[Path], flag: str) -> Optional[list[float]]:
 
 
 def _load_recalibration(path: Optional[Path]):
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.estimators.calibration.recalibration import load_survival_map
 
     if path is None:
@@ -98,13 +101,13 @@ def replay(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import sql
     from dspark_obs.estimators import replay as rp
     from dspark_obs.store import Store, validate_run_id
 
     check_format(format)
-    if timer not in TIMERS:
-        fail(f"--timer {timer!r} is not one of {', '.join(TIMERS)}")
+    check_choice("--timer", timer, TIMERS)
     if not data.is_dir():
         fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
     try:
@@ -132,6 +135,7 @@ def replay(
 
 
 def _print(report, fmt: str = "table") -> None:
+    # at call time: the CLI imports every command module to declare its options
     from rich.markup import escape
 
     console = Console() if fmt == "table" else err  # csv/json: stdout holds only the table
@@ -164,6 +168,7 @@ def _print(report, fmt: str = "table") -> None:
 
 
 def _interval(mid: float, lo: float, hi: float, digits: int) -> str:
+    # at call time: the CLI imports every command module to declare its options
     from rich.markup import escape
 
     text = f"{mid:.{digits}f}"

@@ -96,6 +96,7 @@ def report(
     Long: typer declares the options in the signature, one a line (the help above is this docstring up to the
     form feed); the body only checks them and calls the library.
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.report import InputError, ReportOptions, ThresholdsError, build_report
     from dspark_obs.report.inputs import parse_duration
 

@@ -31,6 +31,7 @@ def sql(
 
     Example: `dspark-obs sql --data D "select workload, avg(verify_len) from step_reqs join requests using (run_id, rid) group by 1"`
     """
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs.sql_command import run_sql_command
 
     check_format(format)
@@ -43,6 +44,7 @@ def sql(
 
 def _warn_quarantined(data: Path) -> None:
     """Say on stderr when part files were moved aside as unreadable (the query ran without them)."""
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import quarantine
 
     moved = quarantine.listing(data).num_rows
@@ -53,6 +55,7 @@ def _warn_quarantined(data: Path) -> None:
 
 def list_queries(format: str = typer.Option("table", "--format", "-f", help=FORMAT_HELP)) -> None:
     """List the canned queries `dspark-obs sql NAME` understands."""
+    # at call time: the CLI imports every command module to declare its options
     from rich.table import Table
     from rich.text import Text
 

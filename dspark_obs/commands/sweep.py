@@ -36,25 +36,8 @@ def _servers(values: list[str]) -> dict[str, str]:
     return out
 
 
-def run_sweep_with_progress(out: Path, opts, *, console) -> list[str]:
-    """Run the sweep with a progress bar over its points; the run ids."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from dspark_obs import sweep
-    from dspark_obs.store import Store
-
-    total = len(sweep.points(opts))
-    with Progress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=False) as bar:
-        task = bar.add_task(f"sweep {opts.sweep_id}", total=total)
-
-        def done(point, summary) -> None:
-            bar.update(task, advance=1, description=f"{point.method} {point.workload} c={point.concurrency}")
-
-        return sweep.run_sweep(Store(out), opts, on_point=done)
-
-
 def register(app: typer.Typer) -> None:
+    # at call time: the CLI imports every command module to declare its options
     from dspark_obs import sweep
 
     @app.command("sweep")
@@ -84,7 +67,9 @@ def register(app: typer.Typer) -> None:
         `dspark-obs sweep --out data --server compact=http://h:30000 --server no-trim=http://h:30000
         --server fixed-window=http://h:30001`
         """
+        # at call time: the CLI imports every command module to declare its options
         from dspark_obs.console import console, fail as _fail
+        from dspark_obs.store import Store
 
         conc = _ints(concurrency) if concurrency else None
         servers = _servers(server)
@@ -103,7 +88,7 @@ def register(app: typer.Typer) -> None:
         if out.exists() and not out.is_dir():
             _fail(f"--out {out} is a file; give a store directory, e.g. --out data")
         try:
-            runs = run_sweep_with_progress(out, opts, console=console)
+            runs = sweep.run_sweep_with_progress(Store(out), opts, console=console)
         except sweep.SweepError as exc:
             _fail(str(exc), code=1)
         console.print(f"sweep {sid}: {len(runs)} runs in {out}. See them: dspark-obs dashboard --data {out} "

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import socket
 import sys
 import threading
 import time
@@ -36,6 +37,7 @@ from starlette.routing import Route
 from dspark_obs import costtable as ct
 from dspark_obs.emulator.dumper import ALL_COMPONENTS
 from dspark_obs.emulator.engine import Engine, EngineConfig, GenerateRequest, detokenize
+from dspark_obs.emulator.methods import check_force_budget_frac
 from dspark_obs.emulator.subprocess_server import SubprocessServer  # noqa: F401 - callers import it from here
 
 SGLANG_VERSION = "0.5.23"
@@ -45,6 +47,7 @@ MODEL_PATH = "dspark-obs/emulator-target"
 def make_engine(cfg: EngineConfig) -> Engine:
     """The engine ``cfg`` asks for: the real-model engine for a ``RealModelConfig``, else the stochastic one."""
     if getattr(cfg, "model", None):
+        # at call time: only --model loads torch (the optional [model] extra)
         from dspark_obs.emulator.realmodel.engine import RealModelEngine
 
         return RealModelEngine(cfg)
@@ -266,7 +269,12 @@ class EmulatorApp:
                   "matched_stop": fr.get("matched")}
         if body.get("return_token_ids"):
             choice["token_ids"] = result["output_ids"]
-        resp = {"id": meta["id"], "object": "text_completion", "created": int(time.time()),
+        return self._openai_response("text_completion", choice, result, body)
+
+    def _openai_response(self, kind: str, choice: dict[str, Any], result: dict[str, Any], body: dict) -> Response:
+        """An OpenAI-style response object of ``kind`` with its one choice, usage and SGLang's extras."""
+        meta = result["meta_info"]
+        resp = {"id": meta["id"], "object": kind, "created": int(time.time()),
                 "model": body.get("model") or self.model_path, "choices": [choice], "usage": self._usage(meta),
                 "metadata": None, **self._sglext(result, body)}
         return Response(msgspec.json.encode(resp), media_type="application/json")
@@ -292,10 +300,7 @@ class EmulatorApp:
                   "logprobs": logprobs, "finish_reason": fr["type"], "matched_stop": fr.get("matched")}
         if body.get("return_token_ids"):
             choice["response_token_ids"] = result["output_ids"]
-        resp = {"id": meta["id"], "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model") or self.model_path, "choices": [choice], "usage": self._usage(meta),
-                "metadata": None, **self._sglext(result, body)}
-        return Response(msgspec.json.encode(resp), media_type="application/json")
+        return self._openai_response("chat.completion", choice, result, body)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -346,7 +351,6 @@ class EmulatorApp:
             self.engine.set_lockstep(int(args["emulator_lockstep_concurrency"] or 0),
                                      int(args.get("emulator_lockstep_total") or 0))
         if "dspark_force_budget_frac" in args:
-            from dspark_obs.emulator.methods import check_force_budget_frac
 
             frac = args["dspark_force_budget_frac"]
             try:
@@ -395,7 +399,6 @@ class BackgroundServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> "BackgroundServer":
-        import socket
 
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -6,10 +6,13 @@ demo and the real-model tests run it without importing the server's web stack.
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 import time
 from typing import Any, Optional
+
+import httpx
 
 
 class SubprocessServer:
@@ -35,9 +38,7 @@ class SubprocessServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> "SubprocessServer":
-        import socket
 
-        import httpx
 
         with socket.socket() as sock:
             sock.bind((self.host, 0))

@@ -23,6 +23,7 @@ import duckdb
 import pandas as pd
 
 from dspark_obs import sql as sqlmod
+from dspark_obs import sql_readonly
 from dspark_obs.store import Store
 
 __all__ = ["Filters", "run_query", "query_parameters", "DataSource", "QUERY_TIMEOUT_S"]
@@ -175,6 +176,5 @@ class DataSource:
         Never the shared chart connection: one browser session's statement must
         not change what another session sees (see :mod:`dspark_obs.sql_readonly`).
         """
-        from dspark_obs import sql_readonly
 
         return sql_readonly.run(self.root, sql_text, params or None, timeout_s=timeout_s, limit=limit)

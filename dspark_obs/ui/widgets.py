@@ -17,6 +17,7 @@ import streamlit as st
 from dspark_obs.ui import urlstate
 from dspark_obs.ui.charts import caption_of
 from dspark_obs.ui.data import DataSource, Filters
+from dspark_obs.ui.export import ExportError, figure_png
 
 __all__ = ["DATA_ENV", "data_root", "context", "set_context", "sidebar_filters", "show_chart", "guard",
            "empty_store_notice", "needs_table", "table", "cli_root"]
@@ -62,6 +63,24 @@ def guard(what: str) -> Iterator[None]:
         st.error(f"**{what}** failed: {message}", icon=":material/error:")
 
 
+def page(title: str, caption: str, *, needs_runs: bool = True) -> tuple[DataSource, Filters]:
+    """A page's opening: its title and caption, the data source and filters; on an empty store the
+    notice of how to collect data, and (``needs_runs``) the page stops there."""
+    ds, f = context()
+    st.title(title)
+    st.caption(caption)
+    if ds.empty:
+        empty_store_notice(ds)
+        if needs_runs:
+            st.stop()
+    return ds, f
+
+
+def no_rows(what: str = "request-steps") -> None:
+    """The notice of a figure whose query found no rows under the sidebar's filters."""
+    st.info(f"No {what} match the filters.", icon=":material/filter_alt_off:")
+
+
 def empty_store_notice(ds: DataSource) -> None:
     """How to collect data, shown when the store holds no run."""
     where = "does not exist yet" if not ds.exists else "holds no runs yet"
@@ -83,7 +102,6 @@ def needs_table(ds: DataSource, table: str, command: str, what: str) -> None:
 
 def _png_callback(fig: go.Figure):
     def render() -> bytes:
-        from dspark_obs.ui.export import ExportError, figure_png
 
         try:
             return figure_png(fig)

@@ -64,7 +64,7 @@ if HAVE_TORCH:
     def runs(tmp_path_factory) -> TierRuns:
         from collectors.sglang.driver import DriveSpec
         from collectors.sglang.session import CollectOptions, collect
-        from dspark_obs.commands.companion import CompanionOptions, run_companion
+        from collectors.sglang.companion_run import CompanionOptions, run_companion
         from dspark_obs.emulator.engine import GenerateRequest
         from dspark_obs.emulator.realmodel.engine import RealModelConfig, RealModelEngine
         from dspark_obs.emulator.server import BackgroundServer

@@ -17,6 +17,7 @@ the target's and the drafter's logits for the next position.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
@@ -104,7 +105,6 @@ class ModelPair:
         Returns ``(target [T, V], drafter [T, V] or None, seconds spent on the drafter's own layers
         and head)``; with ``last_only`` only each request's last row.  Cache lengths advance.
         """
-        import time
 
         st = self.stack
         batch: Batch = st.batch([len(t) for t in tokens], [c.length for c in caches])

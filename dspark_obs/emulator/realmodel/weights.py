@@ -75,6 +75,7 @@ class LoadedModel:
 def load(cache_dir: Optional[Path] = None) -> LoadedModel:
     """Load from the dequantised cache, building it from the GGUF file first when missing."""
     require_extra()
+    # at call time: torch, transformers and safetensors come with the optional [model] extra
     from safetensors.torch import load_file
     from transformers import AutoTokenizer
 
@@ -93,6 +94,7 @@ def load(cache_dir: Optional[Path] = None) -> LoadedModel:
 
 
 def _dequantise(gguf: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
+    # at call time: torch, transformers and safetensors come with the optional [model] extra
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -110,6 +112,7 @@ def _dequantise(gguf: Path) -> tuple[dict[str, Any], dict[str, Any], Any]:
 
 def _write_cache(root: Path, state: dict, config: dict, tokenizer: Any, stamp: str) -> None:
     """Write atomically enough: the config (with the stamp) goes last, so a torn write is rebuilt."""
+    # at call time: torch, transformers and safetensors come with the optional [model] extra
     from safetensors.torch import save_file
 
     root.mkdir(parents=True, exist_ok=True)

@@ -149,8 +149,8 @@ def estimate_ceiling(
 ) -> CeilingEstimate:
     """Ceiling ``(lo, mid, hi)`` in drafts (0..gamma) for each request-step.
 
-    (Over 60 lines for its documented parameters; the body, under 60, is the
-    method's one sequence: walk, acceptance factors, ceilings.)
+    Long: over 60 lines for its documented parameters and example; the body,
+    under 60, is the method's one sequence: walk, acceptance factors, ceilings.
 
     Parameters
     ----------
