@@ -69,7 +69,7 @@ _CONTROLLER: list = []   # threadpoolctl's view of the loaded BLAS, found once p
 def one_thread():
     """BLAS on one thread (see the module docstring)."""
     if not _CONTROLLER:
-        from threadpoolctl import ThreadpoolController
+        from threadpoolctl import ThreadpoolController  # at call time: it inspects the loaded BLAS libraries
 
         _CONTROLLER.append(ThreadpoolController())
     with _CONTROLLER[0].limit(limits=1, user_api="blas"):
