@@ -17,16 +17,20 @@ acceptance: ``correct_drafts``.
 Where the full-block acceptance is *known* (:func:`known_block_accept`; in SQL
 the ``known_block_accept`` macro of ``sql/macros/acceptance.sql``): a static
 step verified the whole block (``correct_drafts``), a cap-accept step too
-(``correct_drafts + cap_trim``), a truth column says it (the emulator's
-``emu_block_accept``, a paired cap-accept companion), and a step rejected
-inside its window showed it (``correct_drafts``).
+(``correct_drafts + cap_trim``) — the part the run's mode decides,
+:func:`mode_block_accept` (the ``mode_block_accept`` macro) — then a truth
+column says it (the emulator's ``emu_block_accept``, a paired cap-accept
+companion), and last a step rejected inside its window (``correct_drafts <
+window``) or whose window was the whole block (``window >= gamma``) showed it
+(``correct_drafts``).  ``tests/test_acceptance.py`` holds both languages to
+one table of cases.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["expected_given_window", "known_block_accept"]
+__all__ = ["censored", "expected_given_window", "known_block_accept", "mode_block_accept"]
 
 
 def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: np.ndarray) -> np.ndarray:
@@ -58,25 +62,50 @@ def expected_given_window(accept_prob: np.ndarray, window: np.ndarray, correct: 
     return np.where(correct < window, correct, window + extra).astype(np.float64)
 
 
+def censored(window: np.ndarray, correct: np.ndarray, gamma) -> np.ndarray:
+    """Steps whose full-block acceptance the window hides: it accepted all of a window short of the
+    block (``correct == window < gamma``), so the drafts beyond it were never checked.
+
+    >>> censored(np.array([2, 2, 4]), np.array([2, 1, 4]), 4).tolist()
+    [True, False, False]
+    """
+    window = np.asarray(window)
+    return (np.asarray(correct) == window) & (window < gamma)
+
+
+def mode_block_accept(mode: str, correct: np.ndarray, cap_trim: np.ndarray) -> np.ndarray | None:
+    """Full-block accepted drafts per request-step that the run's mode alone shows, or None (compact).
+
+    A static step verified the whole block (``correct``); a cap-accept step
+    verified it and trimmed the commit (``correct + cap_trim``).
+
+    >>> mode_block_accept("cap-accept", np.array([1, 2]), np.array([2, 0])).tolist()
+    [3.0, 2.0]
+    >>> mode_block_accept("compact", np.array([1]), np.array([0])) is None
+    True
+    """
+    if mode == "static":
+        return np.asarray(correct, dtype=np.float64).copy()
+    if mode == "cap-accept":
+        return np.asarray(correct, dtype=np.float64) + np.asarray(cap_trim, dtype=np.float64)
+    return None
+
+
 def known_block_accept(mode: str, window: np.ndarray, correct: np.ndarray, cap_trim: np.ndarray, *, gamma: int,
                        truth: np.ndarray | None = None) -> np.ndarray:
     """Full-block accepted drafts per request-step where the step shows them, NaN elsewhere.
 
     The run's mode first (static: ``correct``; cap-accept: ``correct + cap_trim``),
-    then ``truth`` (NaN where unknown), then the window: a draft rejected inside
-    it (``correct < window``) or a window of the whole block (``window >= gamma``).
+    then ``truth`` (NaN where unknown), then the window unless :func:`censored`: a
+    draft rejected inside it (``correct < window``) or a window of the whole block.
 
     >>> known_block_accept("compact", np.array([1, 1, 3]), np.array([0, 1, 3]), np.zeros(3), gamma=3).tolist()
     [0.0, nan, 3.0]
     """
     window = np.asarray(window, dtype=np.int64)
     correct = np.asarray(correct, dtype=np.float64)
-    known = np.full(window.size, np.nan)
-    if mode == "static":
-        known[:] = correct
-    elif mode == "cap-accept":
-        known[:] = correct + np.asarray(cap_trim, dtype=np.float64)
+    shown_by_mode = mode_block_accept(mode, correct, cap_trim)
+    known = np.full(window.size, np.nan) if shown_by_mode is None else shown_by_mode
     if truth is not None:
         known = np.where(np.isnan(known), np.asarray(truth, dtype=np.float64), known)
-    shown = (correct < window) | (window >= gamma)
-    return np.where(np.isnan(known) & shown, correct, known)
+    return np.where(np.isnan(known) & ~censored(window, correct, gamma), correct, known)

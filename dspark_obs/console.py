@@ -38,11 +38,16 @@ def fail(message: str, code: int = 2) -> NoReturn:
     raise typer.Exit(code)
 
 
+def check_choice(flag: str, value: str, choices, hint: str = "") -> str:
+    """A plain-string option's check against its choices: the value seen, the ones allowed, a hint."""
+    if value not in choices:
+        fail(f"{flag} {value!r} is not one of {', '.join(choices)}{hint}")
+    return value
+
+
 def check_format(fmt: str) -> str:
     """``--format``'s check, for commands that take it as a plain string."""
-    if fmt not in FORMATS:
-        fail(f"--format {fmt!r} is not one of {', '.join(FORMATS)}; e.g. --format csv")
-    return fmt
+    return check_choice("--format", fmt, FORMATS, "; e.g. --format csv")
 
 
 def _click_error(exc) -> None:

@@ -113,14 +113,26 @@ def to_json(table: CostTable) -> str:
 
 
 def from_json(text: str | bytes) -> CostTable:
-    """Decode either kind, the way SGLang tells them apart (``bias_seconds``)."""
+    """Decode either kind, the way SGLang's ``load_sps_table_from_path`` tells them apart (``"bias_seconds"``
+    in the text); a malformed table is a ValueError naming the kind tried, its fields and the problem.
+
+    >>> from_json('{"sample_batch_tokens": [8, 4], "sample_steps_per_sec": [9, 9], "max_batch_tokens": 8}')
+    Traceback (most recent call last):
+    ...
+    ValueError: not an SGLang DSpark cost table (1-D: {sample_batch_tokens, sample_steps_per_sec, max_batch_tokens}; \
+the additive kind has "bias_seconds"): sample_batch_tokens must be strictly increasing, got [8, 4].
+    """
     raw = text.encode() if isinstance(text, str) else text
+    additive = b'"bias_seconds"' in raw
     try:
-        if b'"bias_seconds"' in raw:
-            return msgspec.json.decode(raw, type=SpsAdditiveCostTable)
-        return msgspec.json.decode(raw, type=SpsCostTable)
+        return msgspec.json.decode(raw, type=SpsAdditiveCostTable if additive else SpsCostTable)
     except msgspec.ValidationError as exc:
-        raise ValueError(f"not an SGLang DSpark cost table: {exc}") from exc
+        kind = ("additive: {bias_seconds, bs_probes, alpha_seconds, m_probes, theta_seconds}" if additive else
+                '1-D: {sample_batch_tokens, sample_steps_per_sec, max_batch_tokens}; the additive kind has '
+                '"bias_seconds"')
+        raise ValueError(f"not an SGLang DSpark cost table ({kind}): {exc}") from exc
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"not an SGLang DSpark cost table: not JSON: {exc}") from exc
 
 
 def load(path: str | Path) -> CostTable:

@@ -11,7 +11,7 @@ from typing import Optional, Union
 
 import typer
 
-from dspark_obs.console import fail
+from dspark_obs.console import check_choice, fail
 
 __all__ = ["ENGINE", "RAY_ADDRESS", "RAY_WORKERS", "JOBS", "PRELOAD", "DATA_ROOT_HELP", "engine_for", "data_root"]
 
@@ -41,8 +41,7 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs
     # at call time: the CLI imports this module to declare its options; each engine loads for its command
     from dspark_obs.ray_engine import ENGINES, RayEngine, RayUnavailable
 
-    if engine not in ENGINES:
-        fail(f"--engine {engine!r} is not one of {', '.join(ENGINES)}")
+    check_choice("--engine", engine, ENGINES)
     if engine == "local":
         if address is not None or workers is not None:
             fail("--ray-address and --ray-workers need --engine ray")

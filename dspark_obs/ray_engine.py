@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ["RayEngine", "RayUnavailable", "INSTALL_HINT", "ENGINES"]
+__all__ = ["RayEngine", "RayPool", "RayUnavailable", "INSTALL_HINT", "ENGINES"]
 
 INSTALL_HINT = "pip install 'dspark-obs[ray]'"
 ENGINES = ("local", "ray")
@@ -69,12 +69,72 @@ class RayEngine:
         """``[fn(*call) for call in calls]`` as Ray tasks, results in call order; ``done(result)`` as each ends."""
         ray = self.start() and _ray()
         remote = ray.remote(num_cpus=1, max_retries=0)(fn)
-        refs = [remote.remote(*call) for call in calls]
-        results, pending = {}, list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            for ref in ready:
-                results[ref] = ray.get(ref)
-                if done is not None:
-                    done(results[ref])
-        return [results[ref] for ref in refs]
+        return _gather(ray, [remote.remote(*call) for call in calls], done)
+
+    def pool(self, size: int | None = None, *, init: Callable[[], None] | None = None) -> "RayPool":
+        """``size`` Ray actors (default: :meth:`parallelism`), one CPU each, that keep what they loaded
+        between calls; ``init()`` runs in each as it starts."""
+        ray = self.start() and _ray()
+        return RayPool(ray, size or self.parallelism(), init)
+
+
+def _gather(ray, refs: list, done: Callable[[object], None] | None) -> list:
+    results, pending = {}, list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        for ref in ready:
+            results[ref] = ray.get(ref)
+            if done is not None:
+                done(results[ref])
+    return [results[ref] for ref in refs]
+
+
+class _Holder:
+    """A Ray actor's state: what ``load`` returned, passed to every ``apply``."""
+
+    def __init__(self, init: Callable[[], None] | None):
+        self.state = None
+        if init is not None:
+            init()
+
+    def load(self, fn: Callable, *args) -> None:
+        self.state = fn(*args)
+
+    def apply(self, fn: Callable, *args):
+        return fn(self.state, *args)
+
+    def call(self, fn: Callable, *args):
+        return fn(*args)
+
+
+class RayPool:
+    """Actors that hold data between calls: a fit's parts stay on the worker that read them, and each
+    optimiser step sends coefficients out and gets sums back (:meth:`apply`)."""
+
+    def __init__(self, ray, size: int, init: Callable[[], None] | None):
+        self._ray = ray
+        holder = ray.remote(num_cpus=1, max_restarts=0, max_task_retries=0)(_Holder)
+        self.actors = [holder.remote(init) for _ in range(size)]
+
+    def __len__(self) -> int:
+        return len(self.actors)
+
+    def load(self, fn: Callable, calls: list[tuple]) -> None:
+        """Actor ``i`` keeps ``fn(*calls[i])`` (one call per actor)."""
+        if len(calls) != len(self.actors):
+            raise ValueError(f"{len(calls)} calls for {len(self.actors)} actors: give one per actor")
+        self._ray.get([a.load.remote(fn, *call) for a, call in zip(self.actors, calls)])
+
+    def apply(self, fn: Callable, *args) -> list:
+        """``[fn(state, *args) for each actor's state]``, in actor order."""
+        return self._ray.get([a.apply.remote(fn, *args) for a in self.actors])
+
+    def map(self, fn: Callable, calls: list[tuple], *, done: Callable[[object], None] | None = None) -> list:
+        """:meth:`RayEngine.map` on the actors (call ``i`` on actor ``i`` modulo their number)."""
+        refs = [self.actors[i % len(self.actors)].call.remote(fn, *call) for i, call in enumerate(calls)]
+        return _gather(self._ray, refs, done)
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self._ray.kill(actor)
+        self.actors = []

@@ -1,15 +1,19 @@
-"""SGLang 0.5.23's DSpark debug-dump records, as data contracts.
+"""SGLang 0.5.23's DSpark record formats, as data contracts: the one declaration of each.
 
-These mirror ``DecodeStepRecord`` and ``ReqDetail`` in
+``ReqDetail`` and ``DecodeStepRecord`` mirror
 ``sglang/srt/speculative/dspark_components/dspark_observability.py`` field for
 field, with the same defaults and ``omit_defaults=True``: a field equal to its
-default is absent from the JSON.  The emulator encodes with them, so it
-speaks exactly what a real server speaks.  The collector decodes with its own
-contract of the same fields (``collectors/sglang/decode.py``: the same names and
-defaults, plus the Arrow columns' integer ranges, so a bad value is one dead
-letter rather than a failed write).  The fidelity tier checks both against
-SGLang's own structs: these field for field, the collector by decoding what
-SGLang's structs encode.
+default is absent from the JSON.  The emulator speaks them (its engines add the
+truth of :class:`EmulatorReqDetail`); the collector decodes with contracts
+derived from them (``collectors/sglang/decode.py``: these fields and defaults,
+narrowed to the Arrow columns' integer ranges, so a bad value is one dead letter
+rather than a failed write).  The fidelity tier checks both against SGLang's own
+structs: these field for field, the collector by decoding what SGLang's structs
+encode.
+
+``BlockAcceptRow`` and ``BlockAcceptEosRow`` are the rows of SGLang's
+block-accept estimator JSONL (``SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH``),
+which the emulator writes and ``ingest --estimator-jsonl`` reads.
 """
 
 from __future__ import annotations
@@ -71,6 +75,13 @@ class DecodeStepRecord(msgspec.Struct, omit_defaults=True):
     reqs: Optional[list[ReqDetail]] = None
 
 
+class EmulatorReqDetail(ReqDetail, omit_defaults=True):
+    """A ``ReqDetail`` as the emulator sends it: SGLang's fields plus the truth a real server never sends."""
+
+    emu_block_accept: Optional[int] = None  # drafts a full-block verify would accept
+    emu_expected_given_window: Optional[float] = None  # E[full-block accepted drafts | what the window showed]
+
+
 class InfoRecordPayload(msgspec.Struct):
     """``internal_states[i]["dspark_info_record"]`` of ``GET /server_info``."""
 
@@ -85,3 +96,29 @@ class InfoRecordPayload(msgspec.Struct):
 def encode_record(record: DecodeStepRecord) -> dict[str, Any]:
     """The record as SGLang's ``dump()`` emits it: builtins, defaults omitted."""
     return msgspec.to_builtins(record)
+
+
+class BlockAcceptRow(msgspec.Struct, omit_defaults=True):
+    """One request-step of the block-accept estimator JSONL, as ``dspark_block_accept_estimator.py`` writes it.
+
+    ``fct`` the step, ``w`` the drafts verified, ``cl`` those accepted, ``ct``
+    cap-accept's accepted drafts beyond the window; a censored step (``cl == w
+    < gamma``) adds its ``trimmed_tokens`` and their drafter logprobs ``q_lp``;
+    ``pg`` settles open blocks: ``[block_fct, offset, p_lp, token, realized]``.
+    """
+
+    rid: str
+    fct: int
+    w: int
+    cl: int
+    ct: int
+    trimmed_tokens: Optional[list[int]] = None
+    q_lp: Optional[list[float]] = None
+    pg: Optional[list[tuple[int, int, float, int, int]]] = None
+
+
+class BlockAcceptEosRow(msgspec.Struct):
+    """The marker of a request that stopped at EOS with blocks still open (their ``fct``)."""
+
+    rid: str
+    eos_end: list[int]

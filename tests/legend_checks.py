@@ -1,6 +1,6 @@
 """An independent check that a figure's legend names only what a reader can see (used by the chart tests).
 
-Written apart from :mod:`dspark_obs.ui.charts._legend` (which fixes legends) so the
+Written apart from :mod:`dspark_obs.ui.charts.legend` (which fixes legends) so the
 tests do not grade the fix with itself.
 """
 

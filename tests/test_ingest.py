@@ -136,7 +136,36 @@ def test_cost_tables_profiler_outputs_and_sts(tmp_path):
     assert kinds == ["1d", "additive"]
     assert store.read("sps_records", "art").num_rows == 5 and store.read("sps_rounds", "art").num_rows == 3
     assert store.read("sts_calibrations", "art").to_pylist()[0]["temperatures"] == [1.1, 1.2, 1.3]
-    assert store.read("dead_letters", "art").num_rows == 3   # bad table, bad round, bad STS
+    dead = _dead_letters(store, "art")
+    assert len(dead) == 3   # bad table, bad round, bad STS
+    assert dead["sps-table:bad.json"] == NOT_A_1D_TABLE + "sample_batch_tokens must be strictly increasing, got [14, 7]."
+    assert dead["sts:sts_bad.json"] == NOT_STS + "STS temperatures must all be finite and > 0, got [1.0, 0.0]"
+
+
+NOT_A_1D_TABLE = ('not an SGLang DSpark cost table (1-D: {sample_batch_tokens, sample_steps_per_sec, '
+                  'max_batch_tokens}; the additive kind has "bias_seconds"): ')
+NOT_STS = "not an SGLang STS calibration ({temperatures: [...], ...}): "
+
+
+def _dead_letters(store: Store, run_id: str) -> dict[str, str]:
+    return {r["source"]: r["reason"] for r in store.read("dead_letters", run_id).to_pylist()}
+
+
+def test_a_cost_table_or_sts_file_that_is_not_json_is_a_dead_letter_naming_the_kind(tmp_path):
+    broken, additive, sts = tmp_path / "broken.json", tmp_path / "additive.json", tmp_path / "sts.json"
+    broken.write_text('{"sample_batch_tokens": [1,')
+    additive.write_text(json.dumps({"bias_seconds": 0.0, "bs_probes": [1], "alpha_seconds": [0.0],
+                                    "m_probes": [1], "theta_seconds": [0.0]}))
+    sts.write_text("[1.0, 2.0]")
+    result = runner.invoke(app, ["ingest", "--out", str(tmp_path / "d"), "--run-id", "bad", "--sps-table", str(broken),
+                                 "--sps-table", str(additive), "--sts", str(sts)])
+    assert result.exit_code == 1 and "all 3 went to dead_letters" in " ".join(result.output.split())
+    dead = _dead_letters(Store(tmp_path / "d"), "bad")
+    assert dead["sps-table:broken.json"].startswith("not an SGLang DSpark cost table: not JSON: ")
+    assert dead["sps-table:additive.json"] == ("not an SGLang DSpark cost table (additive: {bias_seconds, bs_probes, "
+                                               "alpha_seconds, m_probes, theta_seconds}): bias_seconds must be > 0, "
+                                               "got 0.0.")
+    assert dead["sts:sts.json"] == NOT_STS + "Expected `object`, got `array`"
 
 
 def test_workload_map_and_rid_pattern(tmp_path):

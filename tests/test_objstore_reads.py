@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dspark_obs import sql
-from dspark_obs.objstore import ObjectStore
+from dspark_obs.store import Store
 from dspark_obs.objstore_reads import PositionalFile, duckdb_filesystem
 
 QUERY = "SELECT count(*), sum(hash(rid, pos, token_id, logprob, top_ids)) FROM read_parquet('{}')"
@@ -78,7 +78,7 @@ def test_duckdb_threads_read_a_file_of_many_row_groups_whole(big_file):
 def test_a_large_tokens_file_reads_back_over_s3(big_file, s3_endpoint):
     """The store's SQL connection on an s3:// URL (moto) reads the file DuckDB reads from disk."""
     url = f"s3://reads/store?endpoint_override={s3_endpoint}&scheme=http&region=us-east-1&allow_bucket_creation=true"
-    store = ObjectStore(url)
+    store = Store(url)
     store.fs.create_dir("reads")
     key = f"{store.base}/tokens/run_id=r/{big_file.name}"
     pafs.copy_files(str(big_file), key, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=store.fs)

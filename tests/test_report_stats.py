@@ -1,4 +1,4 @@
-"""Tests for dspark_obs.report.stats and .bootstrap: hand-computed values and agreement with the estimators."""
+"""Tests for dspark_obs.report.stats: hand-computed values."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats as st
 
-from dspark_obs.estimators import calibration as cal
-from dspark_obs.report.bootstrap import calibration_replicates
 from dspark_obs.report.ceiling import pool_estimates
 from dspark_obs.report.stats import (
-    Z95, benjamini_hochberg, bootstrap_pvalue, clustered_mean, difference_ztest, group_weights, poisson_interval,
+    Z95, benjamini_hochberg, bootstrap_pvalue, clustered_mean, difference_ztest, poisson_interval,
     poisson_rate_test, se_from_ci, two_sided_p, welch_ttest, wilson_interval,
 )
 
@@ -69,54 +67,3 @@ def test_pooled_estimates_weight_values_and_combine_standard_errors():
     value, se = pool_estimates([0.9, 0.8], [0.01, 0.02], [1, 3])
     assert value == pytest.approx(0.825) and se == pytest.approx(math.sqrt(0.25**2 * 1e-4 + 0.75**2 * 4e-4))
     assert pool_estimates([0.9], [None], [1])[1] is None
-
-
-@pytest.mark.parametrize("binning", ["width15", "width20", "mass15"])
-def test_bootstrap_metrics_with_unit_weights_equal_the_estimators(binning):
-    rng = np.random.default_rng(3)
-    n = 1500
-    p = rng.random(n)
-    y = (rng.random(n) < p**1.4).astype(float)
-    y[::9] = 0.4  # soft labels, as reconstructed labels have
-    groups = rng.integers(0, 120, n)
-    got = {k: float(v[0]) for k, v in calibration_replicates(y, p, groups, np.ones((1, 120)), binning=binning).items()}
-    n_bins, strategy = cal.parse_binning(binning)
-    assert got["ece"] == pytest.approx(cal.expected_calibration_error(y, p, n_bins=n_bins, strategy=strategy))
-    assert got["debiased_ece"] == pytest.approx(cal.debiased_calibration_error(y, p, n_bins=n_bins, strategy=strategy))
-    assert got["brier"] == pytest.approx(cal.brier_score_loss(y, p))
-    assert got["auroc"] == pytest.approx(cal.auroc_score(y, p))
-    assert got["acceptance"] == pytest.approx(y.mean())
-
-
-def test_bootstrap_resamples_requests_like_the_estimators_bootstrap():
-    rng = np.random.default_rng(5)
-    p = rng.random(800)
-    y = (rng.random(800) < p).astype(float)
-    groups = rng.integers(0, 60, 800)
-    reps = calibration_replicates(y, p, groups, group_weights(60, 400, 11))["ece"]
-    lo, hi = cal.bootstrap_calibration_error(y, p, groups, n_resamples=400, seed=11)
-    ece, se = cal.expected_calibration_error(y, p), reps.std(ddof=1)  # the report's interval is calibrate's
-    assert [lo, hi] == pytest.approx([max(0.0, ece - Z95 * se), ece + Z95 * se])
-
-
-def test_bootstrap_auroc_is_nan_when_a_resample_has_one_class_and_inputs_are_checked():
-    reps = calibration_replicates([1.0, 1.0], [0.2, 0.8], [0, 1], np.ones((1, 2)))
-    assert math.isnan(reps["auroc"][0])
-    with pytest.raises(ValueError, match="groups must index the 2 columns of weights"):
-        calibration_replicates([1.0], [0.5], [2], np.ones((1, 2)))
-    with pytest.raises(ValueError, match="must be 1-D of one length"):
-        calibration_replicates([1.0, 0.0], [0.5], [0, 1], np.ones((1, 2)))
-
-
-def test_chunked_resampling_draws_the_same_resamples_as_one_draw(monkeypatch):
-    from dspark_obs.report import bootstrap
-
-    rng = np.random.default_rng(9)
-    p = rng.random(300)
-    y = (rng.random(300) < p).astype(float)
-    groups = rng.integers(0, 40, 300)
-    whole = calibration_replicates(y, p, groups, group_weights(40, 90, 4))
-    monkeypatch.setattr(bootstrap, "_CELLS_PER_CHUNK", 300 * 7)  # 7 resamples per chunk
-    chunked = bootstrap.resampled_metrics(y, p, groups, n_groups=40, n_resamples=90, seed=4)
-    for metric in bootstrap.METRICS:
-        assert chunked[metric] == pytest.approx(whole[metric], nan_ok=True)

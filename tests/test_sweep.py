@@ -76,7 +76,7 @@ def test_fig1_and_fig3_are_curves_on_the_virtual_clock(swept):
     fig1 = charts.sweep_throughput(points)
     curves = [t for t in fig1.data if t.x is not None and len(t.x)]
     assert len(curves) == 2 * 2 and all(len(t.x) == len(CONCURRENCY) for t in curves)  # method x workload
-    assert all("virtual clock" in v for v in charts._base.axis_titles(fig1).values())
+    assert all("virtual clock" in v for v in charts.base.axis_titles(fig1).values())
     fig3 = charts.trim_gap_by_batch(charts.trim_gap_frame(points))
     assert [t.name for t in fig3.data] == ["gsm8k", "poetry"]
     assert list(fig3.layout.xaxis.tickvals) == list(CONCURRENCY) and "virtual clock" in fig3.layout.yaxis.title.text

@@ -9,7 +9,7 @@ import pytest
 
 from dspark_obs import costtable
 from dspark_obs.ui import charts
-from dspark_obs.ui.charts._base import axis_titles
+from dspark_obs.ui.charts.base import axis_titles
 from dspark_obs.ui.palette import label_color, mode_color, model_color, workload_color
 
 

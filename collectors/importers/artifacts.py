@@ -6,7 +6,8 @@ Formats are SGLang 0.5.23's:
   ``{sample_batch_tokens, sample_steps_per_sec, max_batch_tokens}`` or
   ``SpsAdditiveCostTable`` ``{bias_seconds, bs_probes, alpha_seconds, m_probes,
   theta_seconds}``, told apart as SGLang's loader does (``"bias_seconds"`` in
-  the text) and checked with the same invariants;
+  the text) and checked with the same invariants (:mod:`dspark_obs.costtable`
+  declares both);
 * profiler (``benchmark/dspark_sps_profiler.py``): ``<stem>.records.jsonl``
   rows ``{repeat, batch_size, batch_size_per_rank, dp_rank, forward_ct,
   num_running_reqs, num_verify_tokens, step_time}``, ``<stem>.rounds.jsonl``
@@ -16,7 +17,7 @@ Formats are SGLang 0.5.23's:
   kind of each line is told by its keys;
 * STS calibration (``--speculative-dspark-confidence-sts-path``):
   ``DSparkStsCalibration`` ``{temperatures, dataset, num_samples, ece_before,
-  ece_after}`` with every temperature > 0.
+  ece_after}`` with every temperature finite and > 0 (:mod:`dspark_obs.sts_format`).
 """
 
 from __future__ import annotations
@@ -27,56 +28,8 @@ from typing import Optional
 import msgspec
 
 from collectors.importers import ImportResult, TableSink, iter_json_documents, now
-
-
-class SpsCostTable(msgspec.Struct):
-    sample_batch_tokens: list[int]
-    sample_steps_per_sec: list[float]
-    max_batch_tokens: int
-
-    def __post_init__(self) -> None:
-        if not self.sample_batch_tokens:
-            raise ValueError("SpsCostTable requires at least one probe")
-        if self.sample_batch_tokens != sorted(set(self.sample_batch_tokens)):
-            raise ValueError(f"sample_batch_tokens must be strictly increasing, got {self.sample_batch_tokens}")
-        if len(self.sample_batch_tokens) != len(self.sample_steps_per_sec):
-            raise ValueError("sample_batch_tokens and sample_steps_per_sec must have equal length")
-        if self.max_batch_tokens < self.sample_batch_tokens[-1]:
-            raise ValueError(f"max_batch_tokens {self.max_batch_tokens} < largest probe {self.sample_batch_tokens[-1]}")
-
-
-class SpsAdditiveCostTable(msgspec.Struct):
-    bias_seconds: float
-    bs_probes: list[int]
-    alpha_seconds: list[float]
-    m_probes: list[int]
-    theta_seconds: list[float]
-
-    def __post_init__(self) -> None:
-        for name, probes, values in (("bs", self.bs_probes, self.alpha_seconds),
-                                     ("m", self.m_probes, self.theta_seconds)):
-            if not probes:
-                raise ValueError(f"SpsAdditiveCostTable requires {name}_probes")
-            if probes != sorted(set(probes)):
-                raise ValueError(f"{name}_probes must be strictly increasing, got {probes}")
-            if len(probes) != len(values):
-                raise ValueError(f"{name}_probes and its values must have equal length")
-        if self.bias_seconds <= 0:
-            raise ValueError(f"bias_seconds must be > 0, got {self.bias_seconds}")
-
-
-class StsCalibration(msgspec.Struct):
-    temperatures: list[float]
-    dataset: str = ""
-    num_samples: int = 0
-    ece_before: list[float] = []
-    ece_after: list[float] = []
-
-    def __post_init__(self) -> None:
-        if not self.temperatures:
-            raise ValueError("an STS calibration requires at least one temperature")
-        if any(not t > 0 for t in self.temperatures):
-            raise ValueError(f"STS temperatures must all be > 0, got {self.temperatures}")
+from dspark_obs import costtable
+from dspark_obs.sts_format import StsCalibration
 
 
 def _read_text(path: str | Path) -> str:
@@ -88,18 +41,13 @@ def import_cost_table(store, run_id: str, path: str | Path) -> ImportResult:
     sink = TableSink(store, run_id, result)
     text = _read_text(path)
     try:
-        if '"bias_seconds"' in text:
-            t = msgspec.json.decode(text.encode(), type=SpsAdditiveCostTable)
-            row = {"kind": "additive", "bias_seconds": t.bias_seconds, "bs_probes": t.bs_probes,
-                   "alpha_seconds": t.alpha_seconds, "m_probes": t.m_probes, "theta_seconds": t.theta_seconds}
-        else:
-            t = msgspec.json.decode(text.encode(), type=SpsCostTable)
-            row = {"kind": "1d", "sample_batch_tokens": t.sample_batch_tokens,
-                   "sample_steps_per_sec": t.sample_steps_per_sec, "max_batch_tokens": t.max_batch_tokens}
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-        sink.dead(f"sps-table:{Path(path).name}", f"not an SGLang cost table: {exc}", text)
+        table = costtable.from_json(text)
+    except ValueError as exc:
+        sink.dead(f"sps-table:{Path(path).name}", str(exc), text)
     else:
-        sink.add("cost_tables", {**row, "path": str(path), "raw_json": text[:1_000_000], "imported_at": now()})
+        kind = "additive" if isinstance(table, costtable.SpsAdditiveCostTable) else "1d"
+        sink.add("cost_tables", {"kind": kind, **msgspec.structs.asdict(table), "path": str(path),
+                                 "raw_json": text[:1_000_000], "imported_at": now()})
     sink.close()
     return result
 
@@ -178,9 +126,9 @@ def import_sts(store, run_id: str, path: str | Path) -> ImportResult:
         return result
     text = _read_text(path)
     try:
-        c = msgspec.json.decode(text.encode(), type=StsCalibration)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-        sink.dead(f"sts:{Path(path).name}", f"not an SGLang STS calibration: {exc}", text)
+        c = StsCalibration.from_json(text)
+    except ValueError as exc:
+        sink.dead(f"sts:{Path(path).name}", str(exc), text)
     else:
         sink.add("sts_calibrations", {"path": str(path), "temperatures": c.temperatures, "dataset": c.dataset,
                                       "num_samples": c.num_samples, "ece_before": c.ece_before,

@@ -1,6 +1,7 @@
 """SGLang's block-accept estimator JSONL (``SGLANG_DSPARK_BLOCK_ACCEPT_ESTIMATE_PATH``) -> ``estimator_records``.
 
-Rows as ``dspark_block_accept_estimator.py`` writes them with ``json.dumps``:
+Rows as ``dspark_block_accept_estimator.py`` writes them with ``json.dumps``
+(declared in :mod:`dspark_obs.records`, which the emulator writes with):
 ``{rid, fct, w, cl, ct[, trimmed_tokens, q_lp][, pg]}`` per request-step and
 ``{rid, eos_end: [fct, ...]}`` markers.  ``pg`` entries are
 ``[block_fct, offset, p_lp, token, realized]``.  ``json.dumps`` writes a
@@ -10,31 +11,21 @@ Rows as ``dspark_block_accept_estimator.py`` writes them with ``json.dumps``:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
 
 import msgspec
 
+from collectors.contract import column_struct
 from collectors.importers import ImportResult, TableSink, iter_json_documents
+from dspark_obs import records, schema
 
-I16 = Annotated[int, msgspec.Meta(ge=-(2**15), le=2**15 - 1)]
-I32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
-I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-
-
-class StepRow(msgspec.Struct):
-    rid: str
-    fct: I64
-    w: I16
-    cl: I16
-    ct: I16
-    trimmed_tokens: Optional[list[I32]] = None
-    q_lp: Optional[list[float]] = None
-    pg: Optional[list[tuple[I64, I16, float, I32, I32]]] = None
-
-
-class EosRow(msgspec.Struct):
-    rid: str
-    eos_end: list[I64]
+# The rows' columns in ``estimator_records``: SGLang's short keys, spelt out.
+COLUMN_OF = {"fct": "forward_ct", "w": "window", "cl": "correct_drafts", "ct": "cap_trim", "q_lp": "q_logprob",
+             "pg": "pending_gathers"}
+# SGLang's rows (dspark_obs.records), each integer narrowed to its column's range.
+StepRow = column_struct(records.BlockAcceptRow, "StepRow", schema.ESTIMATOR_RECORDS, module=__name__,
+                        column_of=COLUMN_OF, omit_defaults=False)
+EosRow = column_struct(records.BlockAcceptEosRow, "EosRow", schema.ESTIMATOR_RECORDS, module=__name__)
+_GATHER_FIELDS = schema.ESTIMATOR_RECORDS.field("pending_gathers").type.value_type.names
 
 
 def estimator_row(value: object, line: int) -> dict:
@@ -50,14 +41,10 @@ def estimator_row(value: object, line: int) -> dict:
         raise ValueError(f"does not match SGLang's estimator row: {exc}") from exc
     if row.trimmed_tokens is not None and row.q_lp is not None and len(row.trimmed_tokens) != len(row.q_lp):
         raise ValueError(f"trimmed_tokens ({len(row.trimmed_tokens)}) and q_lp ({len(row.q_lp)}) differ in length")
-    return {
-        "kind": "step", "rid": row.rid, "forward_ct": row.fct, "window": row.w, "correct_drafts": row.cl,
-        "cap_trim": row.ct, "trimmed_tokens": row.trimmed_tokens, "q_logprob": row.q_lp,
-        "pending_gathers": None if row.pg is None else [
-            {"block_forward_ct": g[0], "offset": g[1], "p_logprob": g[2], "token": g[3], "realized": g[4]}
-            for g in row.pg],
-        "source_line": line,
-    }
+    out = {"kind": "step", **{COLUMN_OF.get(name, name): getattr(row, name) for name in StepRow.__struct_fields__}}
+    if row.pg is not None:
+        out["pending_gathers"] = [dict(zip(_GATHER_FIELDS, g)) for g in row.pg]
+    return {**out, "source_line": line}
 
 
 def import_estimator_jsonl(store, run_id: str, path: str | Path, *, redact_text: bool = False) -> ImportResult:

@@ -38,10 +38,10 @@ from typing import Any, Optional
 import httpx
 import numpy as np
 
-from collectors.sglang.decode import PayloadError, decode_server_info, server_args
 from collectors.sglang.driver import DriveSpec, PlannedRequest
 from collectors.sglang.replay_inputs import InputSet, ReplayInput, from_requests, merge, read_prompts, read_request_log
-from collectors.sglang.session import DEBUG_DUMP_HINT, CollectOptions
+from collectors.sglang.polling import first_server_info
+from collectors.sglang.session import CollectOptions
 
 MODE_ENV = "SGLANG_RAGGED_VERIFY_MODE"
 CAP_ACCEPT = "cap-accept"
@@ -68,14 +68,7 @@ class ServerCheck:
 
 def parse_server_info(url: str, body: bytes) -> ServerCheck:
     """What the companion needs from a ``/server_info`` body (pure)."""
-    try:
-        info = decode_server_info(body)
-        args = server_args(body)
-    except PayloadError as exc:
-        raise CompanionError(f"{url}/server_info is not an SGLang server_info body: {exc}") from exc
-    if not info.has_dspark:
-        raise CompanionError(f"{url} exposes no dspark_info_record: {DEBUG_DUMP_HINT}, "
-                             f"and {MODE_ENV}={CAP_ACCEPT} for a companion")
+    info, args = first_server_info(url, body, CompanionError, hint=f", and {MODE_ENV}={CAP_ACCEPT} for a companion")
     ranks = [r for r in info.ranks if r.gamma or r.mode]
     env = args.get("env") if isinstance(args.get("env"), dict) else {}
     payload_mode = next((r.mode for r in ranks if r.mode), "")

@@ -26,67 +26,29 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Annotated, Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dspark_obs import schema
+from collectors.contract import column_struct, derived_struct, fitting
+from dspark_obs import records, schema
 
-# Integer ranges of the Arrow columns the values land in: a value outside its
-# column's range is a contract violation reported per record, never an
-# overflow that would fail a whole batch at write time.
-I16 = Annotated[int, msgspec.Meta(ge=-(2**15), le=2**15 - 1)]
-I32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
-I64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
-
-
-class _Req(msgspec.Struct):
-    req_pool_index: I32
-    prefix_len: I32
-    verify_len: I16
-    acc_len: I16
-    correct_drafts: I16
-    cap_trim: I16
-    bonus_token: I32
-    draft_tokens: list[I32]
-    rid: Optional[str] = None
-    confidence: Optional[list[float]] = None
-    survival: Optional[list[float]] = None
-    # Emulator-only truth; a real SGLang server never sends these.
-    emu_block_accept: Optional[I16] = None
-    emu_expected_given_window: Optional[float] = None
-
-
-class SglangRecord(msgspec.Struct):
-    forward_ct: I64
-    bs: I32 = -1
-    mode: str = ""
-    budget: Optional[I32] = None
-    lag_steps: Optional[I32] = None
-    num_running_reqs: I32 = -1
-    num_verify_tokens: I32 = -1
-    verify_tokens_local: I32 = -1
-    verify_tokens_dp_synced: I32 = -1
-    verify_tokens_graph_key: I32 = -1
-    predicted_step_ms: Optional[float] = None
-    predicted_theta: Optional[float] = None
-    step_cpu_ms: Optional[float] = None
-    step_gpu_ms: Optional[float] = None
-    draft_gpu_ms: Optional[float] = None
-    target_verify_gpu_ms: Optional[float] = None
-    reqs: Optional[list[_Req]] = None
-
-
-class _Payload(msgspec.Struct):
-    mode: str = ""
-    gamma: I16 = 0
-    verify_num_draft_tokens: I32 = 0
-    components: list[str] = []
-    records: list[msgspec.Raw] = []
-    simulate_acc_len: Optional[float] = None
+# SGLang's records (dspark_obs.records), each integer narrowed to the range of the Arrow column it lands
+# in (collectors.contract).  The collector's structs keep every default on encode: a dead letter
+# re-encoded from one spells its defaults out.
+_Req = column_struct(records.EmulatorReqDetail, "_Req", schema.STEP_REQS, module=__name__, omit_defaults=False)
+SglangRecord = column_struct(records.DecodeStepRecord, "SglangRecord", schema.STEPS, module=__name__,
+                             types={"reqs": Optional[list[_Req]]}, omit_defaults=False)
+SglangRecord.__doc__ = "A ``DecodeStepRecord`` as the collector decodes it (:mod:`collectors.contract`)."
+# The payload of one DP rank, each field optional (a rank may send an empty payload); records stay raw
+# so that each is decoded, or dead-lettered, on its own.
+_Payload = derived_struct(records.InfoRecordPayload, "_Payload", {
+    "gamma": fitting(int, pa.int16()), "verify_num_draft_tokens": fitting(int, pa.int32()),
+    "records": list[msgspec.Raw]}, module=__name__,
+    defaults={"mode": "", "gamma": 0, "verify_num_draft_tokens": 0, "components": [], "records": []})
 
 
 class _State(msgspec.Struct):
@@ -102,36 +64,15 @@ class _ServerInfo(msgspec.Struct):
 
 # -- the fast path's contract: the same fields and checks, lists left raw ----------------
 
-_RAW_NULL = msgspec.Raw(b"null")
-_RAW_LISTS = ("draft_tokens", "confidence", "survival")
-
-
-def _fast_struct(reference: type, name: str, types: Mapping[str, Any], **options) -> type:
-    """``reference``'s fields, names, checks and defaults, with the types of ``types`` swapped in.
-
-    Derived rather than written out, so the fast path cannot drift from the
-    reference contract when a field is added.
-    """
-    fields = []
-    for f in msgspec.structs.fields(reference):
-        kind = types.get(f.name, f.type)
-        if f.required:
-            fields.append((f.name, kind))
-        else:
-            default = (f.default if f.default is not msgspec.NODEFAULT
-                       else msgspec.field(default_factory=f.default_factory))
-            if kind is msgspec.Raw and default is None:
-                default = _RAW_NULL
-            fields.append((f.name, kind, default))
-    return msgspec.defstruct(name, fields, module=__name__, **options)
-
-
-_FastReq = _fast_struct(_Req, "_FastReq", {n: msgspec.Raw for n in _RAW_LISTS}, gc=False)
+_LIST_FIELDS = ("draft_tokens", "confidence", "survival")
+_FastReq = derived_struct(_Req, "_FastReq", {n: msgspec.Raw for n in _LIST_FIELDS}, module=__name__, gc=False)
 # ``dict=True``: the parsed list columns of a record's rows ride in its ``__dict__``.
-_FastRecord = _fast_struct(SglangRecord, "_FastRecord", {"reqs": Optional[list[_FastReq]]}, dict=True)
-_FastPayload = _fast_struct(_Payload, "_FastPayload", {"records": list[_FastRecord]})
-_FastState = _fast_struct(_State, "_FastState", {"dspark_info_record": Optional[_FastPayload]})
-_FastServerInfo = _fast_struct(_ServerInfo, "_FastServerInfo", {"internal_states": list[_FastState]})
+_FastRecord = derived_struct(SglangRecord, "_FastRecord", {"reqs": Optional[list[_FastReq]]}, module=__name__,
+                             dict=True)
+_FastPayload = derived_struct(_Payload, "_FastPayload", {"records": list[_FastRecord]}, module=__name__)
+_FastState = derived_struct(_State, "_FastState", {"dspark_info_record": Optional[_FastPayload]}, module=__name__)
+_FastServerInfo = derived_struct(_ServerInfo, "_FastServerInfo", {"internal_states": list[_FastState]},
+                                 module=__name__)
 
 
 @dataclass
@@ -191,17 +132,26 @@ def _decode_fast(body: bytes, read_through: Optional[Mapping[int, int]] = None) 
         info = _fast_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    ranks: list[RankPayload] = []
-    has_dspark = False
-    for i, state in enumerate(info.internal_states):
-        payload = state.dspark_info_record
-        if payload is None:
-            ranks.append(RankPayload(i, "", 0, []))
-            continue
-        has_dspark = True
+
+    def rank_of(i: int, payload: Any) -> Optional[RankPayload]:
         if not _attach_lists(payload.records, read_through.get(i) if read_through else None):
             return None
-        ranks.append(RankPayload(i, payload.mode, payload.gamma, payload.records, [], tuple(payload.components), []))
+        return RankPayload(i, payload.mode, payload.gamma, payload.records, [], tuple(payload.components), [])
+
+    return _payload(info, rank_of)
+
+
+def _payload(info: Any, rank_of: Callable[[int, Any], Optional[RankPayload]]) -> Optional[ServerInfoPayload]:
+    """The body's ranks, in order: an empty one for a rank without a DSpark record, else
+    ``rank_of(dp_rank, record payload)``; None as soon as ``rank_of`` gives None."""
+    ranks: list[RankPayload] = []
+    for i, state in enumerate(info.internal_states):
+        payload = state.dspark_info_record
+        rank = RankPayload(i, "", 0, []) if payload is None else rank_of(i, payload)
+        if rank is None:
+            return None
+        ranks.append(rank)
+    has_dspark = any(state.dspark_info_record is not None for state in info.internal_states)
     return ServerInfoPayload(info.startup_time, info.version, ranks, has_dspark)
 
 
@@ -272,9 +222,6 @@ def _parse_lists(raws: list[msgspec.Raw], *, integers: bool) -> Optional[tuple[n
     return offsets, pa.array(parsed.astype(np.float32)), valid
 
 
-_LIST_FIELDS = ("draft_tokens", "confidence", "survival")
-
-
 def _attach_lists(records: list[_FastRecord], read_through: Optional[int] = None) -> bool:
     """Parse every list of a rank in bulk and hand each record its rows' slices.
 
@@ -306,14 +253,8 @@ def _decode_reference(body: bytes) -> ServerInfoPayload:
         info = _info_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise PayloadError(f"not a /server_info body: {exc}") from exc
-    ranks: list[RankPayload] = []
-    has_dspark = False
-    for i, state in enumerate(info.internal_states):
-        payload = state.dspark_info_record
-        if payload is None:
-            ranks.append(RankPayload(i, "", 0, []))
-            continue
-        has_dspark = True
+
+    def rank_of(i: int, payload: Any) -> RankPayload:
         good: list[SglangRecord] = []
         raws: list[bytes] = []
         dead: list[tuple[str, bytes]] = []
@@ -323,8 +264,9 @@ def _decode_reference(body: bytes) -> ServerInfoPayload:
                 raws.append(raw)
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                 dead.append((f"dp_rank {i}: record does not match DecodeStepRecord: {exc}", bytes(raw)))
-        ranks.append(RankPayload(i, payload.mode, payload.gamma, good, dead, tuple(payload.components), raws))
-    return ServerInfoPayload(info.startup_time, info.version, ranks, has_dspark)
+        return RankPayload(i, payload.mode, payload.gamma, good, dead, tuple(payload.components), raws)
+
+    return _payload(info, rank_of)  # never None: this rank_of always gives a rank
 
 
 def server_args(body: bytes) -> dict[str, Any]:
@@ -368,13 +310,8 @@ def records_to_tables(records: list[SglangRecord], *, dp_rank: int, segment: int
     return _steps_table(records, dp_rank, segment), _reqs_table(records, dp_rank, segment)
 
 
-_STEP_FIELDS = ("bs", "num_running_reqs", "mode", "budget", "lag_steps", "num_verify_tokens",
-                "verify_tokens_local", "verify_tokens_dp_synced", "verify_tokens_graph_key",
-                "predicted_step_ms", "predicted_theta", "step_cpu_ms", "step_gpu_ms",
-                "draft_gpu_ms", "target_verify_gpu_ms")
-_REQ_SCALARS = ("rid", "req_pool_index", "prefix_len", "verify_len", "acc_len", "correct_drafts", "cap_trim",
-                "bonus_token")
-_REQ_EMU = ("emu_block_accept", "emu_expected_given_window")
+_STEP_FIELDS = tuple(n for n in SglangRecord.__struct_fields__ if n not in ("forward_ct", "reqs"))
+_REQ_SCALARS = tuple(n for n in _Req.__struct_fields__ if n not in _LIST_FIELDS)  # with the emulator's truth
 
 
 def _fast_reqs_table(records: list[_FastRecord], dp_rank: int, segment: int) -> pa.Table:
@@ -388,7 +325,7 @@ def _fast_reqs_table(records: list[_FastRecord], dp_rank: int, segment: int) -> 
                                          [len(r.reqs) if r.reqs else 0 for r in records])),
         "segment": pa.array(np.full(n, segment, dtype=np.int64)).cast(pa.int32()),
     }
-    for name in _REQ_SCALARS + _REQ_EMU:
+    for name in _REQ_SCALARS:
         cols[name] = pa.array(list(map(attrgetter(name), reqs)), type=target.field(name).type)
     for name in _LIST_FIELDS:
         cols[name] = _list_column([r.__dict__["_lists"] for r in records], name, target.field(name).type)
@@ -446,19 +383,8 @@ def _reqs_table(records: list[SglangRecord], dp_rank: int, segment: int) -> pa.T
         cols["forward_ct"].extend([r.forward_ct] * k)
         cols["segment"].extend([segment] * k)
         for q in reqs:
-            cols["rid"].append(q.rid)
-            cols["req_pool_index"].append(q.req_pool_index)
-            cols["prefix_len"].append(q.prefix_len)
-            cols["verify_len"].append(q.verify_len)
-            cols["acc_len"].append(q.acc_len)
-            cols["correct_drafts"].append(q.correct_drafts)
-            cols["cap_trim"].append(q.cap_trim)
-            cols["bonus_token"].append(q.bonus_token)
-            cols["draft_tokens"].append(q.draft_tokens)
-            cols["confidence"].append(q.confidence)
-            cols["survival"].append(q.survival)
-            cols["emu_block_accept"].append(q.emu_block_accept)
-            cols["emu_expected_given_window"].append(q.emu_expected_given_window)
+            for name in _REQ_SCALARS + _LIST_FIELDS:
+                cols[name].append(getattr(q, name))
     return pa.Table.from_pydict(cols, schema=schema.schema_for("step_reqs"))
 
 

@@ -41,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 
 from collectors.sglang.health_metrics import HealthCounters
 from collectors.sglang.live_ceiling import LiveCeiling
+from dspark_obs.acceptance import censored
 from dspark_obs.estimators.ceiling.fit import CeilingFit
 
 NS = "dspark_obs:"
@@ -117,7 +118,7 @@ def aggregate_step_reqs(reqs: pa.Table, *, positions: int = MAX_POSITIONS) -> di
     accepted = reached & (c[:, None] >= k)
     out["reached"] = reached.sum(axis=0)
     out["accepted"] = accepted.sum(axis=0)
-    out["censored"] = int(((c == w) & (w < gamma)).sum())
+    out["censored"] = int(censored(w, c, gamma).sum())
     out["window_sum"] = float(w.sum())
     out["acc_sum"] = float(reqs.column("acc_len").to_numpy(zero_copy_only=False).astype(np.float64).sum())
     mat = confidence_matrix(reqs.column("confidence"), positions)

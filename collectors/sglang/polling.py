@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Optional
+from typing import Any, Optional
 
 import httpx
 import msgspec
@@ -20,12 +20,27 @@ import pyarrow.compute as pc
 
 from collectors.sglang import validate
 from collectors.sglang.cursor import Gap, RankCursor
-from collectors.sglang.decode import PayloadError, decode_server_info, lists_skipped, records_to_tables_safe
+from collectors.sglang.decode import (
+    PayloadError, ServerInfoPayload, decode_server_info, lists_skipped, records_to_tables_safe, server_args)
 
 DEBUG_DUMP_HINT = (
     "launch SGLang with SGLANG_DSPARK_DEBUG_DUMP=core,step_cpu_time,step_gpu_time,draft_gpu_time,"
     "target_verify_gpu_time,reqs (or all) and --speculative-algorithm DSPARK"
 )
+
+
+def first_server_info(url: str, body: bytes, error: type[Exception], *,
+                      hint: str = "") -> tuple[ServerInfoPayload, dict[str, Any]]:
+    """A run's first ``/server_info`` body: its records and server args, refused with ``error`` (the
+    caller's own) when it is not an SGLang body or has no DSpark records (``hint``: what else to set)."""
+    try:
+        info = decode_server_info(body)
+        args = server_args(body)
+    except PayloadError as exc:
+        raise error(f"{url}/server_info is not an SGLang server_info body: {exc}") from exc
+    if not info.has_dspark:
+        raise error(f"{url} exposes no dspark_info_record: {DEBUG_DUMP_HINT}{hint}")
+    return info, args
 
 
 class PollingMixin:

@@ -44,10 +44,9 @@ import pyarrow as pa
 
 from collectors.sglang import losses, runlife, validate
 from collectors.sglang.cursor import ForwardCursor, Gap, RankCursor
-from collectors.sglang.decode import PayloadError, decode_server_info, server_args
 from collectors.sglang.driver import DriveSpec, PlannedRequest, drive, plan_requests
 from collectors.sglang.metrics import SidecarMetrics
-from collectors.sglang.polling import DEBUG_DUMP_HINT, PollingMixin
+from collectors.sglang.polling import PollingMixin, first_server_info
 from collectors.sglang.request_log import RequestLogFollower
 from collectors.sglang.writer import BufferedWriter
 from collectors.workloads import WorkloadResolver
@@ -214,13 +213,7 @@ class Collector(PollingMixin):
             raise CollectError(f"cannot read {self.opts.url}/server_info: {exc}. Is the server up "
                                "(GET /health) and is --url right?") from exc
         body = resp.content
-        try:
-            info = decode_server_info(body)
-            args = server_args(body)
-        except PayloadError as exc:
-            raise CollectError(f"{self.opts.url}/server_info is not an SGLang server_info body: {exc}") from exc
-        if not info.has_dspark:
-            raise CollectError(f"{self.opts.url} exposes no dspark_info_record: {DEBUG_DUMP_HINT}")
+        info, args = first_server_info(self.opts.url, body, CollectError)
         first = next(r for r in info.ranks if r.gamma or r.mode)
         self.cursor.note_start(info)
         held = {r.dp_rank: r.records[-1].forward_ct for r in info.ranks if r.records}

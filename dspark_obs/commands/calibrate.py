@@ -16,7 +16,7 @@ import typer
 
 from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
 from dspark_obs.commands.estimate import step_progress
-from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
+from dspark_obs.console import FORMAT_HELP, check_choice, check_format, fail, in_range, print_table
 from rich.table import Table
 
 LABEL_CHOICES = ("observed", "reconstructed", "companion", "all")
@@ -96,8 +96,7 @@ def calibrate(
     from dspark_obs.estimators import calibration as cal
 
     check_format(format)
-    if labels not in LABEL_CHOICES:
-        fail(f"--labels {labels!r} is not one of {', '.join(LABEL_CHOICES)}")
+    check_choice("--labels", labels, LABEL_CHOICES)
     data = data_root(data)
     current = _read_sts(current_sts) if current_sts is not None else None
     if recalibrate_out is not None and not recalibrate:
@@ -190,7 +189,7 @@ def _recalibration_table(result) -> Table:
 
 def _read_sts(path: Path) -> list[float]:
     # at call time: the CLI imports every command module to declare its options
-    from dspark_obs.estimators.calibration.sts import StsCalibration
+    from dspark_obs.sts_format import StsCalibration
 
     try:
         return StsCalibration.from_json(path.read_bytes()).temperatures

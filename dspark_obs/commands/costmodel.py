@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.console import FORMAT_HELP, check_format, console as err, fail, print_table
+from dspark_obs.console import FORMAT_HELP, check_choice, check_format, console as err, fail, print_table
 from rich.console import Console
 from rich.table import Table
 
@@ -58,8 +58,7 @@ def costmodel(
     from dspark_obs.store import Store, validate_run_id
 
     check_format(format)
-    if timer not in TIMERS:
-        fail(f"--timer {timer!r} is not one of {', '.join(TIMERS)}")
+    check_choice("--timer", timer, TIMERS)
     if not data.is_dir():
         fail(f"--data {data} is not a directory; collect a run first (dspark-obs demo or dspark-obs collect)")
     for r in run:

@@ -16,7 +16,7 @@ from typing import Optional
 import typer
 
 from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
-from dspark_obs.console import FORMAT_HELP, check_format, fail, in_range, print_table
+from dspark_obs.console import FORMAT_HELP, check_choice, check_format, fail, in_range, print_table
 from rich import box
 from rich.table import Table
 
@@ -104,8 +104,7 @@ def estimate(
     from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
 
     check_format(format)
-    if method not in METHOD_CHOICES:
-        fail(f"--method {method!r} is not one of {', '.join(METHOD_CHOICES)}")
+    check_choice("--method", method, METHOD_CHOICES)
     data = data_root(data)
     ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["estimate"], ctx=ctx)
     con = sqlmod.connect(data)

@@ -14,6 +14,7 @@ from dspark_obs import costtable as ct
 from dspark_obs.emulator.dumper import ALL_COMPONENTS
 from dspark_obs.emulator import model
 from dspark_obs.emulator.methods import check_force_budget_frac
+from dspark_obs.emulator.sglang_fields import SpecCounters
 from dspark_obs.emulator.streams import StreamKey
 
 MODES = ("static", "compact", "cap-accept")
@@ -97,7 +98,7 @@ class GenerateRequest:
 
 
 @dataclass
-class RunningRequest:
+class RunningRequest(SpecCounters):
     """A request in flight on a rank: its target track, output so far and SGLang's per-request counters."""
 
     req: GenerateRequest
@@ -110,12 +111,6 @@ class RunningRequest:
     submitted_clock: float
     future: concurrent.futures.Future
     output: list[int] = field(default_factory=list)
-    verify_ct: int = 0
-    correct_drafts: int = 0
-    correct_hist: list[int] = field(default_factory=list)
-    cap_tokens: int = 0
-    cap_hist: list[int] = field(default_factory=list)
-    block_accept_tokens: int = 0
     first_token_clock: Optional[float] = None  # the rank clock when prefill produced the first token
     # draft_key's SeedSequence, premixed once (model.draft_blocks mixes in the anchor position).
     stream_key: Optional[StreamKey] = None

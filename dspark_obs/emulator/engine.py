@@ -38,7 +38,7 @@ from dspark_obs.emulator.workloads import profile_for
 from dspark_obs.emulator.config import (  # noqa: F401 - the engine's public names, as callers import them
     DEFAULT_HEAD_TEMPERATURE, MODES, EngineConfig, GenerateRequest, RunningRequest, default_capture_tiers)
 from dspark_obs.emulator.sglang_fields import (  # noqa: F401 - likewise
-    bump_histogram, decode_step_record, detokenize, round6, spec_meta_info, tokenize)
+    SpecCounters, bump_histogram, decode_step_record, detokenize, round6, spec_meta_info, tokenize)
 from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
 
 class Rank:
@@ -224,20 +224,7 @@ class Rank:
                     "window": window, "cl": correct, "ct": cap_trim, "bonus": bonus,
                     "drafts": list(draft_lists[i]), "q_all": drafts.draft_logprob[i].tolist(),
                     "p_lp": self._target_logprob_at(r, n)})
-            r.verify_ct += 1
-            r.correct_drafts += correct
-            hist = r.correct_hist
-            if len(hist) <= correct:
-                hist.extend([0] * (correct + 1 - len(hist)))
-            hist[correct] += 1
-            if sent:
-                r.cap_tokens += window + 1
-                hist = r.cap_hist
-                if len(hist) <= window + 1:
-                    hist.extend([0] * (window + 2 - len(hist)))
-                hist[window + 1] += 1
-            if cap_accept:
-                r.block_accept_tokens += correct + 1 + cap_trim
+            r.count_verify(correct, window, sent=sent, cap_accept=cap_accept, cap_trim=cap_trim)
             left = r.end - n
             r.output.extend(committed if left > correct else committed[: max(0, left)])
             if left <= correct + 1:  # the output reached its end

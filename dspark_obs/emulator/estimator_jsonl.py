@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import msgspec
 import numpy as np
+
+from dspark_obs.records import BlockAcceptEosRow, BlockAcceptRow
 
 __all__ = ["BlockAcceptRecorder"]
 
@@ -62,14 +65,12 @@ class BlockAcceptRecorder:
         if r["greedy"]:
             state["pending"] = []
             return
-        record: dict[str, Any] = {"rid": r["rid"], "fct": forward_ct, "w": window, "cl": cl, "ct": r["ct"]}
+        trimmed = q_lps = None
         if cl == window and window < gamma:
             trimmed = [int(t) for t in r["drafts"][window:gamma]]
             q_lps = [_f32(q) for q in r["q_all"][window:gamma]]
             state["pending"].append({"forward_ct": forward_ct, "anchor_pos": seq_len - 1, "window": window,
                                      "trimmed": trimmed, "next_offset": window + 1})
-            record["trimmed_tokens"] = trimmed
-            record["q_lp"] = q_lps
         realized = [int(t) for t in r["drafts"][:cl]] + [int(r["bonus"])]
         gathers: list[list] = []
         kept = []
@@ -89,15 +90,17 @@ class BlockAcceptRecorder:
             if not diverged and block["next_offset"] <= gamma:
                 kept.append(block)
         state["pending"] = kept
-        if gathers:
-            record["pg"] = gathers
-        self._file.write(json.dumps(record) + "\n")
+        self._write(BlockAcceptRow(r["rid"], forward_ct, window, cl, r["ct"], trimmed_tokens=trimmed, q_lp=q_lps,
+                                   pg=gathers or None))
 
     def note_request_finished(self, rid: str, *, natural_stop: bool) -> None:
         state = self._states.pop(rid, None)
         if state is not None and natural_stop and state["pending"]:
-            self._file.write(json.dumps({"rid": rid, "eos_end": [b["forward_ct"] for b in state["pending"]]})
-                             + "\n")
+            self._write(BlockAcceptEosRow(rid, [b["forward_ct"] for b in state["pending"]]))
+
+    def _write(self, row: BlockAcceptRow | BlockAcceptEosRow) -> None:
+        """One line as SGLang writes it: ``json.dumps`` of the row, so a ``-inf`` logprob is ``-Infinity``."""
+        self._file.write(json.dumps(msgspec.to_builtins(row)) + "\n")
 
     def flush(self) -> None:
         self._file.flush()

@@ -269,7 +269,12 @@ class EmulatorApp:
                   "matched_stop": fr.get("matched")}
         if body.get("return_token_ids"):
             choice["token_ids"] = result["output_ids"]
-        resp = {"id": meta["id"], "object": "text_completion", "created": int(time.time()),
+        return self._openai_response("text_completion", choice, result, body)
+
+    def _openai_response(self, kind: str, choice: dict[str, Any], result: dict[str, Any], body: dict) -> Response:
+        """An OpenAI-style response object of ``kind`` with its one choice, usage and SGLang's extras."""
+        meta = result["meta_info"]
+        resp = {"id": meta["id"], "object": kind, "created": int(time.time()),
                 "model": body.get("model") or self.model_path, "choices": [choice], "usage": self._usage(meta),
                 "metadata": None, **self._sglext(result, body)}
         return Response(msgspec.json.encode(resp), media_type="application/json")
@@ -295,10 +300,7 @@ class EmulatorApp:
                   "logprobs": logprobs, "finish_reason": fr["type"], "matched_stop": fr.get("matched")}
         if body.get("return_token_ids"):
             choice["response_token_ids"] = result["output_ids"]
-        resp = {"id": meta["id"], "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model") or self.model_path, "choices": [choice], "usage": self._usage(meta),
-                "metadata": None, **self._sglext(result, body)}
-        return Response(msgspec.json.encode(resp), media_type="application/json")
+        return self._openai_response("chat.completion", choice, result, body)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [

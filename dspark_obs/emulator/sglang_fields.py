@@ -4,6 +4,7 @@ fields and a finished request's ``spec_*`` meta info (both engines fill them the
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,32 @@ def bump_histogram(hist: list[int], i: int) -> None:
     if len(hist) <= i:
         hist.extend([0] * (i + 1 - len(hist)))
     hist[i] += 1
+
+
+@dataclass(kw_only=True)
+class SpecCounters:
+    """A request's speculative counters, kept as SGLang keeps them for ``meta_info``'s ``spec_*`` fields.
+
+    Both engines' running requests extend it (keyword-only, so their own fields come first).
+    """
+
+    verify_ct: int = 0
+    correct_drafts: int = 0
+    correct_hist: list[int] = field(default_factory=list)
+    cap_tokens: int = 0
+    cap_hist: list[int] = field(default_factory=list)
+    block_accept_tokens: int = 0
+
+    def count_verify(self, correct: int, window: int, *, sent: bool, cap_accept: bool, cap_trim: int) -> None:
+        """One verify of ``window`` drafts that accepted ``correct``; ``sent``: the window was a cap."""
+        self.verify_ct += 1
+        self.correct_drafts += correct
+        bump_histogram(self.correct_hist, correct)
+        if sent:
+            self.cap_tokens += window + 1
+            bump_histogram(self.cap_hist, window + 1)
+        if cap_accept:
+            self.block_accept_tokens += correct + 1 + cap_trim
 
 
 def decode_step_record(rank: Any, *, bs: int, decision: Any, num_verify_tokens: int, step_s: float,
@@ -50,11 +77,10 @@ def decode_step_record(rank: Any, *, bs: int, decision: Any, num_verify_tokens: 
     }
 
 
-def spec_meta_info(r: Any, *, gamma: int, mode: str, completion: int) -> dict[str, Any]:
+def spec_meta_info(r: SpecCounters, *, gamma: int, mode: str, completion: int) -> dict[str, Any]:
     """A finished request's ``spec_*`` fields of ``meta_info``, as SGLang sends them (only when it verified).
 
-    ``r`` holds the request's counters: ``verify_ct``, ``correct_drafts``, ``cap_tokens``,
-    ``block_accept_tokens``, ``correct_hist``, ``cap_hist`` (both engines keep the same ones).
+    ``r`` holds the request's counters (both engines' running requests are :class:`SpecCounters`).
     """
     if r.verify_ct <= 0:
         return {}

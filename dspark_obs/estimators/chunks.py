@@ -26,13 +26,16 @@ import numpy as np
 
 from dspark_obs.keys import stable_keys
 
-__all__ = ["Chunk", "plan_chunks", "split_chunks", "sample_requests", "shard_requests", "rid_hash", "DEFAULT_CHUNK_ROWS",
-           "DEFAULT_FIT_ROWS"]
+__all__ = ["Chunk", "plan_chunks", "split_chunks", "within", "sample_requests", "shard_requests", "rid_hash", "DEFAULT_CHUNK_ROWS",
+           "DEFAULT_FIT_ROWS", "FIT_PART_ROWS", "sample_parts"]
 
 DEFAULT_CHUNK_ROWS = 150_000
 """Request-steps per chunk: about 0.5 GB of working memory in the estimator."""
 DEFAULT_FIT_ROWS = 200_000
 """Request-steps the acceptance model is fitted on (about 600k verified drafts)."""
+FIT_PART_ROWS = 25_000
+"""Request-steps of the fitting sample per part (the fit's sums are added part by part, see
+:mod:`~dspark_obs.estimators.ceiling.fit_parts`): eight parts of a full sample, to spread over workers."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ def _range(rids: list, first: int, last: int, rows: int, listed: bool = False) -
                  rows=rows, requests=last - first + 1)
 
 
-def split_chunks(rids: list, counts: np.ndarray, chunks: list, n_tasks: int) -> list[list]:
+def split_chunks(rids: list, counts: np.ndarray, chunks: list, n_tasks: int, *, recut: bool = True) -> list[list]:
     """The run's chunks in ``n_tasks`` contiguous groups of about equal steps: one group per task.
 
     Every chunk is a rid range (``rid BETWEEN lo AND hi``), which DuckDB applies
@@ -108,14 +111,15 @@ def split_chunks(rids: list, counts: np.ndarray, chunks: list, n_tasks: int) -> 
     the scan): each chunk query then decoded every row of the run, 2.4x a range
     chunk's time at 1M request-steps.  A run of fewer chunks than tasks (one
     chunk without a predicate, say) is re-cut into ranges of ``total / n_tasks``
-    steps, so every task has work.
+    steps, so every task has work (unless ``recut`` is False: groups of the chunks as they are, for work
+    that must see the local path's chunks, such as the fit's parts).
 
     >>> [len(g) for g in split_chunks(list("abcdef"), np.ones(6), [], 2)]
     [1, 1]
     """
     counts = np.asarray(counts, dtype=np.int64)
     total = int(counts.sum())
-    if n_tasks > 1 and len(chunks) < n_tasks and total > 1:
+    if recut and n_tasks > 1 and len(chunks) < n_tasks and total > 1:
         chunks = plan_chunks(rids, counts, chunk_rows=max(1, math.ceil(total / n_tasks)))
     rows = np.cumsum([c.rows for c in chunks])
     which = np.minimum((rows - np.array([c.rows for c in chunks]) / 2) * n_tasks // max(1, total), n_tasks - 1)
@@ -124,6 +128,20 @@ def split_chunks(rids: list, counts: np.ndarray, chunks: list, n_tasks: int) -> 
 
 class RayUnavailable(RuntimeError):
     """``--engine ray`` without Ray installed, or a cluster that cannot be reached."""
+
+
+def within(chunk: Chunk, sample: Chunk) -> Chunk:
+    """The requests of ``chunk`` that ``sample`` holds: the chunk's rid range applied in the scan, then the sample's list.
+
+    >>> within(Chunk("{rid} BETWEEN $chunk_lo AND $chunk_hi"), Chunk("{rid} = 'a'")).on("rid")
+    "(rid BETWEEN $chunk_lo AND $chunk_hi) AND (rid = 'a')"
+    """
+    if sample.where == "TRUE":
+        return chunk
+    if chunk.where == "TRUE":
+        return sample
+    return Chunk(f"({chunk.where}) AND ({sample.where})", {**chunk.params, **sample.params}, rows=chunk.rows,
+                 requests=chunk.requests)
 
 
 def rid_hash(rids: list) -> np.ndarray:
@@ -170,3 +188,18 @@ def sample_requests(rids: list, counts: np.ndarray, *, max_rows: int = DEFAULT_F
     chosen = sorted(str(rids[i]) for i in take)
     return Chunk("{rid} IN (SELECT unnest($sample_rids))", {"sample_rids": chosen},
                  rows=int(counts[take].sum()), requests=len(chosen))
+
+
+def sample_parts(rids: list, counts: np.ndarray, sample: Chunk, *, part_rows: int = FIT_PART_ROWS) -> list[Chunk]:
+    """The sample's requests in contiguous rid ranges of about ``part_rows`` steps (``rids`` sorted as
+    :func:`plan_chunks` takes them): the same parts whatever the run's chunks and the engine.
+
+    >>> [c.rows for c in sample_parts(list("abcd"), np.array([2, 2, 2, 2]), ALL, part_rows=4)]
+    [4, 4]
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    if sample.where != "TRUE":
+        chosen = set(sample.params["sample_rids"])
+        keep = [i for i, r in enumerate(rids) if r is not None and str(r) in chosen]
+        rids, counts = [rids[i] for i in keep], counts[keep]
+    return [within(part, sample) for part in plan_chunks(rids, counts, chunk_rows=part_rows)]

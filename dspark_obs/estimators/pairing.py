@@ -47,7 +47,7 @@ SELECT
     r.correct_drafts,
     c.forward_ct AS companion_forward_ct,
     c.verify_len - 1 AS companion_window,
-    c.correct_drafts + c.cap_trim AS true_block_accept,
+    mode_block_accept('cap-accept', c.correct_drafts, c.cap_trim) AS true_block_accept,  -- sql/macros/acceptance.sql
     r.draft_tokens = c.draft_tokens AS same_drafts
 FROM step_reqs r
 LEFT JOIN {mapping} m ON m.run_id = $companion AND m.of_run = $run AND m.rid = r.rid

@@ -28,7 +28,7 @@ from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators.calibration import metrics as cal_metrics
 from dspark_obs.estimators import stats as bootstrap
-from dspark_obs.report.bootstrap import calibration_replicates, resampled_metrics
+from dspark_obs.estimators.calibration.resampling import calibration_replicates, resampled_metrics
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Drift, Figure
 from dspark_obs.report.stats import Z95, clustered_mean, difference_ztest, two_sided_p

@@ -13,7 +13,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, sorted_workloads
+from dspark_obs.ui.charts.base import as_frame, new_figure, no_data, require_columns, sorted_workloads
 from dspark_obs.ui.palette import workload_color
 
 __all__ = ["VERDICT_COLORS", "verdict_color", "metric_intervals", "drift_forest", "report_history"]

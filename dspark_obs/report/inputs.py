@@ -147,6 +147,15 @@ def read_runs(con, root: Path) -> list[RunInfo]:
     return out
 
 
+def _named_runs(flag: str, names: list[str], all_runs: list[RunInfo]) -> list[RunInfo]:
+    """The runs ``flag`` names, each once in the order given; InputError naming any the store lacks."""
+    by_id = {r.run_id: r for r in all_runs}
+    missing = [r for r in names if r not in by_id]
+    if missing:
+        raise InputError(f"{flag} {', '.join(missing)}: no such run in the store; runs: {_listing(all_runs)}")
+    return [by_id[r] for r in dict.fromkeys(names)]
+
+
 def select_runs(all_runs: list[RunInfo], *, runs: list[str] | None = None, since: str | None = None,
                 baseline: list[str] | None = None, baseline_since: str | None = None,
                 now: _dt.datetime) -> Selection:
@@ -158,11 +167,7 @@ def select_runs(all_runs: list[RunInfo], *, runs: list[str] | None = None, since
                   if r.companion_of}
     notes: list[str] = []
     if runs:
-        missing = [r for r in runs if r not in by_id]
-        if missing:
-            raise InputError(f"--run {', '.join(missing)}: no such run in the store; runs: "
-                             f"{_listing(all_runs)}")
-        current = [by_id[r] for r in dict.fromkeys(runs)]
+        current = _named_runs("--run", runs, all_runs)
         window = {"kind": "runs", "since": None, "start": _iso(_min_start(current)), "end": _iso(now)}
     else:
         span = parse_duration(since or "24h")
@@ -187,11 +192,7 @@ def select_runs(all_runs: list[RunInfo], *, runs: list[str] | None = None, since
     chosen = {r.run_id for r in current}
     base, base_window = [], None
     if baseline:
-        missing = [b for b in baseline if b not in by_id]
-        if missing:
-            raise InputError(f"--baseline {', '.join(missing)}: no such run in the store; runs: "
-                             f"{_listing(all_runs)}")
-        base = [by_id[b] for b in dict.fromkeys(baseline)]
+        base = _named_runs("--baseline", baseline, all_runs)
         base_window = {"kind": "runs", "since": None, "start": None, "end": None}
     elif baseline_since:
         end = _min_start(current) or now

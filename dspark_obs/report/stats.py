@@ -15,11 +15,10 @@ import math
 import numpy as np
 from scipy import stats as _st
 
-from dspark_obs.estimators.stats import group_weights  # the estimators' bootstrap weights, one home
 
 __all__ = ["Z95", "two_sided_p", "se_from_ci", "wilson_interval", "poisson_interval", "clustered_mean",
            "difference_ztest", "welch_ttest", "poisson_rate_test", "bootstrap_pvalue", "percentile_interval",
-           "benjamini_hochberg", "group_weights"]
+           "benjamini_hochberg"]
 
 Z95 = 1.959963984540054
 """The 97.5% normal quantile: a 95% interval is the estimate +- Z95 standard errors."""

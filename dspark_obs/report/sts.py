@@ -22,7 +22,7 @@ import pandas as pd
 
 from dspark_obs.estimators import replay
 from dspark_obs.estimators.calibration import sts
-from dspark_obs.estimators.calibration.sts import StsCalibration
+from dspark_obs.sts_format import StsCalibration
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Figure
 

@@ -3,21 +3,16 @@
 -- One row per (run, workload, verify_len) for verify_len 1..gamma+1 (zero
 -- rows included): request_steps with that verify_len, their share within the
 -- workload, and utilisation = sum(acc_len) / sum(block_accept + 1) over those
--- whose full-block acceptance is known exactly (emulator truth, cap-accept,
--- static, or a window that rejected a draft; null when none is known).
+-- whose full-block acceptance is known exactly (the known_block_accept macro:
+-- cap-accept, static, emulator truth, or a window that rejected a draft or
+-- covered the whole block; null when none is known).
 --
 -- Parameters:
 --   $run_id   only this run; default NULL (every run)
 -- Output columns:
 --   run_id, workload, verify_len, request_steps, share, utilisation, known_steps
 WITH s AS (
-    SELECT
-        w.run_id, w.workload, w.verify_len, w.acc_len,
-        coalesce(r.gamma, len(w.draft_tokens)) AS gamma,
-        known_block_accept(r.mode, w.emu_block_accept, w.correct_drafts, w.cap_trim, w."window") AS block_accept
-    FROM step_reqs_w AS w
-    LEFT JOIN runs AS r ON r.run_id = w.run_id
-    WHERE $run_id IS NULL OR w.run_id = $run_id
+    SELECT run_id, workload, verify_len, acc_len, gamma, block_accept FROM known_blocks($run_id)
 ),
 groups AS (
     SELECT run_id, workload, max(gamma) AS gamma FROM s GROUP BY run_id, workload

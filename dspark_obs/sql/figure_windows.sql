@@ -4,11 +4,12 @@
 -- window = gamma (runs.gamma, else the number of draft_tokens).
 -- Utilisation is committed tokens over what a full-block verify would commit,
 -- sum(acc_len) / sum(block_accept + 1), over the request-steps whose
--- full-block acceptance is known exactly: emulator truth (emu_block_accept),
--- cap-accept (correct_drafts + cap_trim), static (correct_drafts), or a
--- window that rejected a draft (correct_drafts < window).  known_share says
--- how many request-steps that is; censored compact steps without truth are
--- left out (see the ceiling estimator for them).  The write-up reports mean
+-- full-block acceptance is known exactly (the known_block_accept macro,
+-- sql/macros/acceptance.sql): cap-accept (correct_drafts + cap_trim), static
+-- (correct_drafts), emulator truth (emu_block_accept), or a window that
+-- rejected a draft or covered the whole block.  known_share says how many
+-- request-steps that is; censored compact steps without truth are left out
+-- (see the ceiling estimator for them).  The write-up reports mean
 -- window gsm8k 5.24, arena-hard 3.78, poetry 2.91 and utilisation 0.88-0.97.
 --
 -- Parameters:
@@ -17,14 +18,8 @@
 --   run_id, mode, workload, request_steps, mean_window, full_window_share,
 --   share_le3, mean_acc_len, mean_block_accept_len, utilisation, known_share
 WITH s AS (
-    SELECT
-        w.run_id, w.workload, w."window", w.acc_len, w.correct_drafts,
-        r.mode,
-        coalesce(r.gamma, len(w.draft_tokens)) AS gamma,
-        known_block_accept(r.mode, w.emu_block_accept, w.correct_drafts, w.cap_trim, w."window") AS block_accept
-    FROM step_reqs_w AS w
-    LEFT JOIN runs AS r ON r.run_id = w.run_id
-    WHERE $run_id IS NULL OR w.run_id = $run_id
+    SELECT run_id, workload, "window", acc_len, correct_drafts, mode, gamma, block_accept
+    FROM known_blocks($run_id)
 )
 SELECT
     run_id,

@@ -14,22 +14,12 @@
 --   $t1          requests submitted at or before this time; default NULL
 -- Output columns:
 --   run_id, workload, category, request_steps, share, mean_width
-WITH rq AS (  -- one row per request: its workload and submission time
-    SELECT run_id, rid, coalesce(any_value(workload), 'unknown') AS workload, any_value(submitted_at) AS submitted_at
-    FROM requests
-    WHERE $runs IS NULL OR list_contains($runs, run_id)
-    GROUP BY run_id, rid
-),
-meth AS (  -- one estimator method per run: 'default' when present
-    SELECT run_id, CASE WHEN bool_or(method = 'default') THEN 'default' ELSE min(method) END AS method
-    FROM ceiling GROUP BY run_id
-),
-per_req AS (
+WITH per_req AS (
     SELECT c.run_id, c.rid,
            CASE WHEN r.mode = 'cap-accept' THEN 'observed_cap_accept' ELSE c.category END AS category,
            count(*) AS n, sum(CASE WHEN r.mode = 'cap-accept' THEN 0 ELSE c.hi - c.lo END) AS width
     FROM ceiling AS c
-    JOIN meth AS m ON m.run_id = c.run_id AND m.method = c.method
+    JOIN ceiling_method() AS m ON m.run_id = c.run_id AND m.method = c.method
     LEFT JOIN runs AS r ON r.run_id = c.run_id
     WHERE ($runs IS NULL OR list_contains($runs, c.run_id))
       AND ($dp_ranks IS NULL OR list_contains($dp_ranks, c.dp_rank))
@@ -38,7 +28,7 @@ per_req AS (
 per_wl AS (
     SELECT p.run_id, coalesce(q.workload, 'unknown') AS workload, p.category, sum(p.n) AS n, sum(p.width) AS width
     FROM per_req AS p
-    LEFT JOIN rq AS q ON q.run_id = p.run_id AND q.rid = p.rid
+    LEFT JOIN request_index($runs) AS q ON q.run_id = p.run_id AND q.rid = p.rid
     WHERE ($workloads IS NULL OR list_contains($workloads, coalesce(q.workload, 'unknown')))
       AND ($t0 IS NULL OR q.submitted_at >= $t0) AND ($t1 IS NULL OR q.submitted_at <= $t1)
     GROUP BY p.run_id, coalesce(q.workload, 'unknown'), p.category

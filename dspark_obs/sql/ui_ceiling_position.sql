@@ -3,8 +3,9 @@
 -- committed_share: correct_drafts >= k (what the run committed).
 -- full_block_share: the first k drafts would survive a full-block verify -
 -- exact for cap-accept (correct_drafts + cap_trim >= k) and static runs
--- (source 'exact'); for compact runs the expectation from the ceiling table
--- of `dspark-obs estimate`, clamp(mid - (k - 1), 0, 1), with lo and hi in
+-- (the mode_block_accept macro; source 'exact'); for compact runs the
+-- expectation from the ceiling table of `dspark-obs estimate`,
+-- clamp(mid - (k - 1), 0, 1), with lo and hi in
 -- place of mid for full_block_lo / full_block_hi (source 'estimate').
 -- Compact runs without a ceiling table give no rows.  k runs 1..gamma.
 -- Rows are summed per request first; workload and time filters apply to those sums.
@@ -18,17 +19,7 @@
 -- Output columns:
 --   run_id, mode, workload, position, request_steps, committed_share,
 --   full_block_share, full_block_lo, full_block_hi, source
-WITH rq AS (  -- one row per request: its workload and submission time
-    SELECT run_id, rid, coalesce(any_value(workload), 'unknown') AS workload, any_value(submitted_at) AS submitted_at
-    FROM requests
-    WHERE $runs IS NULL OR list_contains($runs, run_id)
-    GROUP BY run_id, rid
-),
-meth AS (  -- one estimator method per run: 'default' when present
-    SELECT run_id, CASE WHEN bool_or(method = 'default') THEN 'default' ELSE min(method) END AS method
-    FROM ceiling GROUP BY run_id
-),
-exact_runs AS (
+WITH exact_runs AS (
     SELECT run_id, mode, gamma FROM runs WHERE mode IN ('cap-accept', 'static')
 ),
 exact_req AS (  -- cap-accept/static request-steps counted per request and outcome
@@ -43,11 +34,11 @@ exact_pos AS (
     SELECT e.run_id, any_value(r.mode) AS mode, coalesce(q.workload, 'unknown') AS workload, k AS position,
            CAST(sum(e.n) AS BIGINT) AS request_steps,
            sum(e.n) FILTER (WHERE e.correct_drafts >= k) / sum(e.n) AS committed_share,
-           sum(e.n) FILTER (WHERE CASE WHEN r.mode = 'cap-accept' THEN e.correct_drafts + e.cap_trim
-                                       ELSE e.correct_drafts END >= k) / sum(e.n) AS full_block_share
+           sum(e.n) FILTER (WHERE mode_block_accept(r.mode, e.correct_drafts, e.cap_trim) >= k)
+               / sum(e.n) AS full_block_share
     FROM exact_req AS e
     JOIN exact_runs AS r ON r.run_id = e.run_id
-    LEFT JOIN rq AS q ON q.run_id = e.run_id AND q.rid = e.rid
+    LEFT JOIN request_index($runs) AS q ON q.run_id = e.run_id AND q.rid = e.rid
     CROSS JOIN range(1, 65) AS g(k)
     WHERE ($workloads IS NULL OR list_contains($workloads, coalesce(q.workload, 'unknown')))
       AND ($t0 IS NULL OR q.submitted_at >= $t0) AND ($t1 IS NULL OR q.submitted_at <= $t1)
@@ -63,7 +54,7 @@ est_req AS (  -- compact request-steps: the estimate's survival share per reques
     FROM (
         SELECT c.*, unnest(generate_series(1, coalesce(r.gamma, 6))) AS k
         FROM ceiling AS c
-        JOIN meth AS m ON m.run_id = c.run_id AND m.method = c.method
+        JOIN ceiling_method() AS m ON m.run_id = c.run_id AND m.method = c.method
         LEFT JOIN runs AS r ON r.run_id = c.run_id
         WHERE coalesce(r.mode, 'compact') NOT IN ('cap-accept', 'static')
           AND ($runs IS NULL OR list_contains($runs, c.run_id))
@@ -77,7 +68,7 @@ est_pos AS (
            sum(e.committed) / sum(e.n) AS committed_share, sum(e.mid) / sum(e.n) AS full_block_share,
            sum(e.lo) / sum(e.n) AS full_block_lo, sum(e.hi) / sum(e.n) AS full_block_hi
     FROM est_req AS e
-    LEFT JOIN rq AS q ON q.run_id = e.run_id AND q.rid = e.rid
+    LEFT JOIN request_index($runs) AS q ON q.run_id = e.run_id AND q.rid = e.rid
     WHERE ($workloads IS NULL OR list_contains($workloads, coalesce(q.workload, 'unknown')))
       AND ($t0 IS NULL OR q.submitted_at >= $t0) AND ($t1 IS NULL OR q.submitted_at <= $t1)
     GROUP BY e.run_id, coalesce(q.workload, 'unknown'), e.k

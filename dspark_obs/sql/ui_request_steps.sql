@@ -5,7 +5,7 @@
 -- of `dspark-obs estimate` (null without it); truth_block is what a
 -- full-block verify accepted when it is known: the run's own cap-accept or
 -- static step, else the paired step (same rid and prefix_len) of the
--- run's cap-accept companion.  Values in drafts; confidence and survival
+-- run's cap-accept companion (both the mode_block_accept macro).  Values in drafts; confidence and survival
 -- are per position (lists of gamma).
 --
 -- Parameters:
@@ -22,7 +22,7 @@ WITH me AS (
     WHERE s.run_id = $run_id AND s.rid = $rid
 ),
 comp AS (
-    SELECT c.prefix_len, any_value(c.correct_drafts + c.cap_trim) AS block
+    SELECT c.prefix_len, any_value(mode_block_accept(cr.mode, c.correct_drafts, c.cap_trim)) AS block
     FROM step_reqs AS c
     JOIN runs AS cr ON cr.run_id = c.run_id AND cr.companion_of = $run_id AND cr.mode = 'cap-accept'
     WHERE c.rid = $rid
@@ -42,9 +42,7 @@ SELECT
     me.dp_rank, me.forward_ct, me.prefix_len, me.verify_len, me.verify_len - 1 AS "window",
     me.correct_drafts, me.cap_trim, me.acc_len,
     ce.lo AS ceiling_lo, ce.mid AS ceiling_mid, ce.hi AS ceiling_hi, ce.category,
-    CASE WHEN me.mode = 'cap-accept' THEN me.correct_drafts + me.cap_trim
-         WHEN me.mode = 'static' THEN me.correct_drafts
-         ELSE comp.block END AS truth_block,
+    coalesce(mode_block_accept(me.mode, me.correct_drafts, me.cap_trim), comp.block) AS truth_block,
     me.confidence, me.survival
 FROM me
 LEFT JOIN ce ON ce.dp_rank = me.dp_rank AND ce.segment = me.segment AND ce.forward_ct = me.forward_ct

@@ -25,13 +25,9 @@ WITH rq AS (
       AND ($t0 IS NULL OR submitted_at >= $t0) AND ($t1 IS NULL OR submitted_at <= $t1)
     GROUP BY run_id, rid
 ),
-meth AS (
-    SELECT run_id, CASE WHEN bool_or(method = 'default') THEN 'default' ELSE min(method) END AS method
-    FROM ceiling WHERE run_id = $run_id GROUP BY run_id
-),
 est AS (
     SELECT c.rid, sum(greatest(c.mid - c.correct_drafts, 0)) AS lost
-    FROM ceiling AS c JOIN meth AS m ON m.run_id = c.run_id AND m.method = c.method
+    FROM ceiling AS c JOIN ceiling_method() AS m ON m.run_id = c.run_id AND m.method = c.method
     WHERE c.run_id = $run_id GROUP BY c.rid
 ),
 sr AS (

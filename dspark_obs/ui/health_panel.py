@@ -39,7 +39,7 @@ def render(ds, f, *, max_runs: int = 4) -> None:
         st.subheader("Trimming health: is DSpark doing its job?")
         pooled = frame[(frame["dp_rank"] == "*") & (frame["workload"] == "*")].head(max_runs)
         if pooled.empty:
-            st.info("No request-steps match the filters.", icon=":material/filter_alt_off:")
+            widgets.no_rows()
             return
         for row in pooled.to_dict("records"):
             run = row["run_id"]

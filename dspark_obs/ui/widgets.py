@@ -63,6 +63,24 @@ def guard(what: str) -> Iterator[None]:
         st.error(f"**{what}** failed: {message}", icon=":material/error:")
 
 
+def page(title: str, caption: str, *, needs_runs: bool = True) -> tuple[DataSource, Filters]:
+    """A page's opening: its title and caption, the data source and filters; on an empty store the
+    notice of how to collect data, and (``needs_runs``) the page stops there."""
+    ds, f = context()
+    st.title(title)
+    st.caption(caption)
+    if ds.empty:
+        empty_store_notice(ds)
+        if needs_runs:
+            st.stop()
+    return ds, f
+
+
+def no_rows(what: str = "request-steps") -> None:
+    """The notice of a figure whose query found no rows under the sidebar's filters."""
+    st.info(f"No {what} match the filters.", icon=":material/filter_alt_off:")
+
+
 def empty_store_notice(ds: DataSource) -> None:
     """How to collect data, shown when the store holds no run."""
     where = "does not exist yet" if not ds.exists else "holds no runs yet"

@@ -67,7 +67,7 @@ class RealModelConfig(base.EngineConfig):
 
 
 @dataclass
-class _Running:
+class _Running(base.SpecCounters):
     req: base.GenerateRequest
     input_ids: list[int]
     sample_key: int
@@ -79,12 +79,6 @@ class _Running:
     logprobs: list[float] = field(default_factory=list)
     tops: list[tuple[list[int], list[float]]] = field(default_factory=list)
     finish_reason: dict[str, Any] = field(default_factory=dict)
-    verify_ct: int = 0
-    correct_drafts: int = 0
-    correct_hist: list[int] = field(default_factory=list)
-    cap_tokens: int = 0
-    cap_hist: list[int] = field(default_factory=list)
-    block_accept_tokens: int = 0
 
     @property
     def greedy(self) -> bool:
@@ -298,14 +292,7 @@ class _RealRank(base.Rank):
                 detail["emu_block_accept"] = int(blk.block_accept[i])
                 detail["emu_expected_given_window"] = round(float(expected[i]), 6)
             reqs.append(detail)
-            r.verify_ct += 1
-            r.correct_drafts += c
-            base.bump_histogram(r.correct_hist, c)
-            if sent:
-                r.cap_tokens += w + 1
-                base.bump_histogram(r.cap_hist, w + 1)
-            if cap_accept:
-                r.block_accept_tokens += c + 1 + int(cap_trim[i])
+            r.count_verify(c, w, sent=sent, cap_accept=cap_accept, cap_trim=int(cap_trim[i]))
             r.output.extend(committed)
             r.logprobs.extend(blk.logprob[i][: c + 1])
             r.tops.extend(blk.tops[i][: c + 1])

@@ -2,7 +2,9 @@
 
 * :mod:`.events` -- the events per position and where their labels come from;
 * :mod:`.metrics` -- ECE/MCE/debiased ECE/Brier/log loss/AUROC, pure, over one
-  sufficient-statistics type (:class:`~.metrics.Bins`);
+  sufficient-statistics type (:class:`~.metrics.Bins`; per request, :func:`~.metrics.request_bins`);
+* :mod:`.resampling` -- the request bootstrap of every metric at once (:class:`~.resampling.RequestSums`),
+  behind the report's intervals and drift tests;
 * :mod:`.calibrate` -- :func:`calibrate_run`, which scores a run and writes
   ``calibration`` and ``calibration_bins`` (:mod:`.chunks` for large runs, :mod:`.ray` on an engine);
 * :mod:`.sts` -- SGLang's Sequential Temperature Scaling: fit, apply, its JSON;
@@ -23,7 +25,7 @@ _HOMES = {
                 "debiased_calibration_error", "expected_calibration_error", "log_loss",
                 "maximum_calibration_error", "parse_binning", "reliability_curve"),
 }
-_SUBMODULES = ("calibrate", "chunks", "events", "metrics", "ray", "recalibration", "sts")
+_SUBMODULES = ("calibrate", "chunks", "events", "metrics", "ray", "recalibration", "resampling", "rows", "sts")
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = [*_HOME_OF, "CALIBRATION", "CALIBRATION_BINS"]

@@ -34,18 +34,14 @@ from dspark_obs.estimators.calibration.events import (
     RunEvents,
     load_events,
 )
+from dspark_obs.estimators.calibration.rows import cell_rows
 from dspark_obs.estimators.calibration.metrics import (
     BINNINGS,
     auroc_score,
     binned,
     brier_score_loss,
-    curve_of,
-    debiased_ece_of,
-    ece_of,
     log_loss,
-    mce_of,
     none_if_nan,
-    normal_interval,
     parse_binning,
     resampled_ece,
 )
@@ -86,23 +82,9 @@ def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binni
     if y.size:
         common.update(mean_predicted=float(p.mean()), observed_rate=float(y.mean()), brier=brier_score_loss(y, p),
                       log_loss=log_loss(y, p), auroc=none_if_nan(auroc_score(y, p)))
-    rows, bin_rows = [], []
-    for name in binnings:
-        n_bins, strategy = parse_binning(name)
-        row = {**base, "binning": name, **common}
-        if y.size:
-            b = binned(y, p, n_bins, strategy)
-            row.update(ece=ece_of(b), mce=mce_of(b), debiased_ece=debiased_ece_of(b))
-            if n_boot:
-                lo, hi = normal_interval(row["ece"], resampled_ece(weights, g, b, p, y), level)
-                row.update(ece_ci_lo=none_if_nan(lo), ece_ci_hi=none_if_nan(hi))
-            c = curve_of(b)
-            bin_rows += [{**base, "binning": name, "bin": int(i), "bin_lo": float(lo_), "bin_hi": float(hi_),
-                          "mean_predicted": float(mp), "observed_rate": float(r), "count": int(n)}
-                         for i, lo_, hi_, mp, r, n in zip(c.bin, c.bin_lo, c.bin_hi, c.mean_predicted,
-                                                          c.observed_rate, c.count)]
-        rows.append(row)
-    return rows, bin_rows
+    bins = {name: binned(y, p, *parse_binning(name)) if y.size else None for name in binnings}
+    return cell_rows(base, common, bins, level=level,
+                     ece_resamples=(lambda _, b: resampled_ece(weights, g, b, p, y)) if n_boot else None)
 
 
 def _check_options(binnings, n_bootstrap, confidence_level) -> None:

@@ -33,6 +33,7 @@ import pyarrow as pa
 from dspark_obs import schema
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration import events, metrics
+from dspark_obs.estimators.calibration.rows import cell_rows
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
 
 __all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells", "BinEdges",
@@ -305,18 +306,13 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
     pc = np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB)
     cell.log_sum += float(np.sum(y * np.log(pc) + (1.0 - y) * np.log1p(-pc)))
     for name, (n_bins, strategy, edges) in binnings.items():
-        ids = metrics.bin_ids(pc, edges, strategy)
-        sums = [np.bincount(ids, minlength=n_bins).astype(np.float64), np.bincount(ids, weights=pc, minlength=n_bins),
-                np.bincount(ids, weights=y, minlength=n_bins)]
+        b = metrics.binned(y, pc, n_bins, strategy, edges=edges)
         acc = cell.bins.setdefault(name, [np.zeros(n_bins) for _ in range(3)])
-        for a, s in zip(acc, sums):
+        for a, s in zip(acc, (b.count, b.pred_sum, b.true_sum)):
             a += s
         if weights is not None:
-            cell_ids = g * n_bins + ids
-            size = n_units * n_bins
-            per = [np.bincount(cell_ids, weights=pc, minlength=size).reshape(n_units, n_bins),
-                   np.bincount(cell_ids, weights=y, minlength=size).reshape(n_units, n_bins),
-                   np.bincount(g, minlength=n_units).astype(np.float64)]
+            count, psum, ysum = metrics.request_bins(g, b.ids, pc, y, n_units, n_bins)
+            per = [psum, ysum, count.sum(axis=1)]
             boot = cell.boot.setdefault(name, [0.0, 0.0, 0.0])
             boot_parts += [(boot, j, part) for j, part in enumerate(per)]
 
@@ -329,23 +325,14 @@ def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan,
     if cell.n:
         common.update(mean_predicted=cell.p_sum / cell.n, observed_rate=cell.y_sum / cell.n,
                       brier=cell.sq_sum / cell.n, log_loss=-cell.log_sum / cell.n, auroc=auroc)
-    rows, bin_rows = [], []
-    for name in binnings:
-        row = {**base, "binning": name, **common}
-        if cell.n:
-            count, pred_sum, true_sum = cell.bins[name]
-            b = metrics.Bins(cell.edges[name], np.zeros(0, np.int64), count, pred_sum, true_sum)
-            row.update(ece=metrics.ece_of(b), mce=metrics.mce_of(b), debiased_ece=metrics.debiased_ece_of(b))
-            if n_boot:
-                wp, wy, wn = cell.boot[name]
-                with np.errstate(invalid="ignore", divide="ignore"):
-                    samples = np.abs(wp - wy).sum(axis=1) / wn
-                lo, hi = metrics.normal_interval(row["ece"], samples, level)
-                row.update(ece_ci_lo=metrics.none_if_nan(lo), ece_ci_hi=metrics.none_if_nan(hi))
-            c = metrics.curve_of(b)
-            bin_rows += [{**base, "binning": name, "bin": int(j), "bin_lo": float(lo_), "bin_hi": float(hi_),
-                          "mean_predicted": float(mp), "observed_rate": float(r), "count": int(n)}
-                         for j, lo_, hi_, mp, r, n in zip(c.bin, c.bin_lo, c.bin_hi, c.mean_predicted,
-                                                          c.observed_rate, c.count)]
-        rows.append(row)
-    return rows, bin_rows
+    bins = {name: metrics.Bins(cell.edges[name], np.zeros(0, np.int64), *cell.bins[name]) if cell.n else None
+            for name in binnings}
+    return cell_rows(base, common, bins, level=level,
+                     ece_resamples=(lambda name, _: _resampled_ece(cell.boot[name])) if n_boot else None)
+
+
+def _resampled_ece(boot: list) -> np.ndarray:
+    """ECE of each resample from the accumulated ``[W @ pred sums, W @ label sums, W @ counts]``."""
+    wp, wy, wn = boot
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return metrics.ece_from_sums(wn[:, None], wp, wy)

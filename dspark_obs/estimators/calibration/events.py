@@ -51,6 +51,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dspark_obs.acceptance import censored, mode_block_accept
 from dspark_obs.estimators import pairing
 
 __all__ = [
@@ -289,10 +290,10 @@ def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int |
             y = np.where(np.isnan(per_position).any(axis=1, keepdims=True), y, np.clip(per_position, 0.0, 1.0))
         counts["fractional"] = int(np.sum(mid != np.round(mid)))
     elif mode in ("cap-accept", "static"):
-        y = block_events(col["correct_drafts"] + col["cap_trim"], gamma=gamma)
+        y = block_events(mode_block_accept(mode, col["correct_drafts"], col["cap_trim"]), gamma=gamma)
     else:
         y = observed_events(col["correct_drafts"], col["window"], gamma=gamma)
-        counts["censored"] = int(((col["correct_drafts"] == col["window"]) & (col["window"] < gamma)).sum())
+        counts["censored"] = int(censored(col["window"], col["correct_drafts"], gamma).sum())
     ev = RunEvents(run_id, labels, mode, gamma, source, table.column("unit").to_numpy(zero_copy_only=False),
                    table.column("workload").to_numpy(zero_copy_only=False), table.column("dp_rank").to_numpy(),
                    table.column("forward_ct").to_numpy(), surv, conf, y)
@@ -302,7 +303,7 @@ def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int |
 def _ceiling_accept(table: pa.Table, correct: np.ndarray, window: np.ndarray, gamma: int) -> np.ndarray:
     """The ceiling's ``mid`` in drafts; checks its unit on the steps whose acceptance is known."""
     mid = np.asarray(table.column("mid").to_numpy(zero_copy_only=False), dtype=np.float64)
-    exact = (correct < window) | (window >= gamma)  # uncensored: the block acceptance is correct_drafts
+    exact = ~censored(window, correct, gamma)  # the block acceptance is correct_drafts
     if exact.any() and not np.allclose(mid[exact], correct[exact]):
         if np.allclose(mid[exact], correct[exact] + 1):  # acc_len units (SGLang's lo = w + 1 + extra)
             mid = mid - 1.0

@@ -26,7 +26,7 @@ __all__ = [
     "EPS_PROB", "BINNINGS", "ReliabilityCurve",
     "expected_calibration_error", "maximum_calibration_error", "debiased_calibration_error",
     "brier_score_loss", "log_loss", "auroc_score", "reliability_curve",
-    "bootstrap_calibration_error", "parse_binning",
+    "bootstrap_calibration_error", "parse_binning", "auroc_from_levels", "request_bins",
 ]
 
 EPS_PROB = 1e-8
@@ -68,6 +68,13 @@ def check_binning(n_bins: Any, strategy: Any) -> None:
         raise ValueError(f"strategy must be 'uniform' or 'quantile', got {strategy!r}")
 
 
+def _checked_bins(y_true: Any, y_prob: Any, n_bins: Any, strategy: Any) -> Bins:
+    """The public metrics' edge: inputs and binning checked, then binned."""
+    y, p = _check_pair(y_true, y_prob)
+    check_binning(n_bins, strategy)
+    return binned(y, p, n_bins, strategy)
+
+
 def parse_binning(name: str) -> tuple[int, str]:
     """``'width15'`` -> ``(15, 'uniform')``; ``'mass15'`` -> ``(15, 'quantile')``.
 
@@ -86,8 +93,9 @@ class Bins:
 
     ECE, MCE, debiased ECE and the reliability curve are functions of them
     (:func:`ece_of`, ...); sums of disjoint samples add, so chunks, shards and
-    bootstrap resamples (``report``'s, a weighted sum per request) reuse the
-    same formulas (:func:`ece_from_sums`, :func:`debiased_terms`).
+    bootstrap resamples (a weighted sum of :func:`request_bins`, in ``calibrate``
+    and in :mod:`~.resampling` for the report) reuse the same formulas
+    (:func:`ece_from_sums`, :func:`debiased_terms`).
     """
 
     edges: np.ndarray  # [n_bins + 1]
@@ -110,12 +118,30 @@ def bin_ids(p: np.ndarray, edges: np.ndarray, strategy: str) -> np.ndarray:
     return np.searchsorted(edges[1:-1], p)  # scikit-learn's quantile rule
 
 
-def binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str) -> Bins:
+def binned(y: np.ndarray, p: np.ndarray, n_bins: int, strategy: str, edges: np.ndarray | None = None) -> Bins:
+    """The :class:`Bins` of ``p`` (clamped) against ``y``; ``edges`` default to ``p``'s own (a chunk of a run
+    passes the run's)."""
     p = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
-    edges = bin_edges(p, n_bins, strategy)
+    edges = bin_edges(p, n_bins, strategy) if edges is None else edges
     ids = bin_ids(p, edges, strategy)
     return Bins(edges, ids, np.bincount(ids, minlength=n_bins).astype(np.float64),
                  np.bincount(ids, weights=p, minlength=n_bins), np.bincount(ids, weights=y, minlength=n_bins))
+
+
+def request_bins(groups: np.ndarray, ids: np.ndarray, p: np.ndarray, y: np.ndarray, n_groups: int,
+                 n_bins: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per request and bin (``[n_groups, n_bins]``): the count and the sums of ``p`` and ``y``.
+
+    The binned metrics' sufficient statistics, one row per resampling unit: a
+    bootstrap resample's :class:`Bins` sums are ``weights @`` each (``calibrate``'s
+    one pass and its chunks, the report's :class:`~.resampling.RequestSums`).
+    ``p`` already clamped, ``ids`` its bins (:func:`bin_ids`).
+    """
+    cell = np.asarray(groups, dtype=np.int64) * n_bins + ids
+    size = n_groups * n_bins
+    count = np.bincount(cell, minlength=size).astype(np.float64).reshape(n_groups, n_bins)
+    return (count, np.bincount(cell, weights=p, minlength=size).reshape(n_groups, n_bins),
+            np.bincount(cell, weights=y, minlength=size).reshape(n_groups, n_bins))
 
 
 def ece_from_sums(count: np.ndarray, pred_sum: np.ndarray, true_sum: np.ndarray) -> np.ndarray:
@@ -183,9 +209,7 @@ def expected_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: st
     >>> round(expected_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
     0.175
     """
-    y, p = _check_pair(y_true, y_prob)
-    check_binning(n_bins, strategy)
-    return ece_of(binned(y, p, n_bins, strategy))
+    return ece_of(_checked_bins(y_true, y_prob, n_bins, strategy))
 
 
 def maximum_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
@@ -196,9 +220,7 @@ def maximum_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str
     >>> round(maximum_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
     0.3
     """
-    y, p = _check_pair(y_true, y_prob)
-    check_binning(n_bins, strategy)
-    return mce_of(binned(y, p, n_bins, strategy))
+    return mce_of(_checked_bins(y_true, y_prob, n_bins, strategy))
 
 
 def debiased_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> float:
@@ -217,9 +239,7 @@ def debiased_calibration_error(y_true, y_prob, *, n_bins: int = 15, strategy: st
     >>> round(debiased_calibration_error([0, 1, 1, 0], [0.1, 0.9, 0.8, 0.3]), 3)
     0.175
     """
-    y, p = _check_pair(y_true, y_prob)
-    check_binning(n_bins, strategy)
-    return debiased_ece_of(binned(y, p, n_bins, strategy))
+    return debiased_ece_of(_checked_bins(y_true, y_prob, n_bins, strategy))
 
 
 def brier_score_loss(y_true, y_prob) -> float:
@@ -262,14 +282,23 @@ def auroc_score(y_true, y_prob) -> float:
     0.75
     """
     y, p = _check_pair(y_true, y_prob)
-    pos_total, neg_total = y.sum(), (1.0 - y).sum()
-    if pos_total <= 0 or neg_total <= 0:
-        return math.nan
-    _, group = np.unique(p, return_inverse=True)  # ascending scores; ties share a group
-    pos = np.bincount(group, weights=y)
-    neg = np.bincount(group, weights=1.0 - y)
-    below = np.cumsum(neg) - neg
-    return float(np.sum(pos * (below + 0.5 * neg)) / (pos_total * neg_total))
+    _, level = np.unique(p, return_inverse=True)  # ascending scores; ties share a level
+    return float(auroc_from_levels(np.bincount(level, weights=y), np.bincount(level, weights=1.0 - y)))
+
+
+def auroc_from_levels(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
+    """AUROC from the positive and negative weight at each distinct score, scores ascending along the last
+    axis (``[..., levels]``; e.g. one row per bootstrap resample): ties count one half; NaN without
+    positives or negatives.
+
+    >>> float(auroc_from_levels(np.array([0.0, 1.0, 0.0, 1.0]), np.array([1.0, 0.0, 1.0, 0.0])))  # as auroc_score's
+    0.75
+    """
+    below = np.cumsum(neg, axis=-1) - neg
+    pos_total, neg_total = pos.sum(axis=-1), neg.sum(axis=-1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        auc = np.sum(pos * (below + 0.5 * neg), axis=-1) / (pos_total * neg_total)
+    return np.where((pos_total > 0) & (neg_total > 0), auc, np.nan)
 
 
 @dataclass(frozen=True)
@@ -284,6 +313,13 @@ class ReliabilityCurve:
     observed_rate: np.ndarray
     count: np.ndarray
 
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per bin with the ``calibration_bins`` table's columns of a bin."""
+        return [{"bin": int(i), "bin_lo": float(lo), "bin_hi": float(hi), "mean_predicted": float(mp),
+                 "observed_rate": float(r), "count": int(n)}
+                for i, lo, hi, mp, r, n in zip(self.bin, self.bin_lo, self.bin_hi, self.mean_predicted,
+                                               self.observed_rate, self.count)]
+
 
 def reliability_curve(y_true, y_prob, *, n_bins: int = 15, strategy: str = "uniform") -> ReliabilityCurve:
     """Per-bin mean prediction and observed rate (empty bins are left out).
@@ -297,9 +333,7 @@ def reliability_curve(y_true, y_prob, *, n_bins: int = 15, strategy: str = "unif
     >>> curve.observed_rate.tolist(), curve.count.tolist()
     ([0.0, 1.0], [2, 2])
     """
-    y, p = _check_pair(y_true, y_prob)
-    check_binning(n_bins, strategy)
-    return curve_of(binned(y, p, n_bins, strategy))
+    return curve_of(_checked_bins(y_true, y_prob, n_bins, strategy))
 
 
 def curve_of(b: Bins) -> ReliabilityCurve:
@@ -362,16 +396,10 @@ def bootstrap_calibration_error(y_true, y_prob, groups, *, n_bins: int = 15, str
 
 def resampled_ece(weights: np.ndarray, gidx: np.ndarray, b: Bins, p: np.ndarray, y: np.ndarray) -> np.ndarray:
     """ECE of each resample (row of ``weights``) with the bins of ``b``."""
-    n_groups, n_bins = weights.shape[1], b.count.size
-    cell = gidx * n_bins + b.ids
-    size = n_groups * n_bins
-    pc = np.clip(p, EPS_PROB, 1.0 - EPS_PROB)
-    count = np.bincount(cell, minlength=size).reshape(n_groups, n_bins)
-    psum = np.bincount(cell, weights=pc, minlength=size).reshape(n_groups, n_bins)
-    ysum = np.bincount(cell, weights=y, minlength=size).reshape(n_groups, n_bins)
-    total = weights @ count.sum(axis=1)
+    count, psum, ysum = request_bins(gidx, b.ids, np.clip(p, EPS_PROB, 1.0 - EPS_PROB), y, weights.shape[1],
+                                     b.count.size)
     with np.errstate(invalid="ignore", divide="ignore"):
-        return np.abs(weights @ psum - weights @ ysum).sum(axis=1) / total
+        return ece_from_sums(weights @ count, weights @ psum, weights @ ysum)
 
 
 def none_if_nan(x: float) -> float | None:

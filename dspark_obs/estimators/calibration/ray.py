@@ -35,6 +35,7 @@ def accumulate(engine, con, plan: "chunks.RunPlan", run_id: str, *, labels: str,
 
 
 def _task(root, plan, run_id, shard_chunks, labels, specs, edges, n_bootstrap, seed, rows):
+    sqlmod.WORKER_THREADS = 1   # a task takes one CPU (num_cpus=1): its DuckDB one thread, as a --jobs worker's
     cells, counts = chunks.accumulate_chunks(sqlmod.connect(root), plan, run_id, shard_chunks, labels=labels,
                                              specs=specs, edges=edges, n_bootstrap=n_bootstrap, seed=seed)
     return cells, counts, rows

@@ -24,11 +24,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-import msgspec
 import numpy as np
 from scipy.optimize import minimize_scalar
 
 from dspark_obs.estimators.calibration.metrics import EPS_PROB, binned, check_binning, ece_of
+from dspark_obs.sts_format import StsCalibration  # the file's one declaration (re-exported here)
 
 __all__ = ["SGLANG_GRID", "StsCalibration", "StsFit", "raw_logits", "fit_sts", "fit_sts_run"]
 
@@ -36,36 +36,6 @@ SGLANG_GRID = np.logspace(math.log10(0.1), math.log10(10.0), 41).astype(np.float
 """SGLang's ``default_temperature_grid()``: 41 log-spaced temperatures on [0.1, 10], as the
 float32 values ``torch.logspace`` makes (so a grid fit picks bit-identical temperatures)."""
 _CONF_EPS = 1e-7  # recorded confidences are float32 (and 4-decimal in the emulator): keep logit finite
-
-
-class StsCalibration(msgspec.Struct, frozen=True, omit_defaults=True):
-    """SGLang's STS file (``DSparkStsCalibration``): loads with ``load_sts_calibration_from_path``."""
-
-    temperatures: list[float]
-    dataset: str = ""
-    num_samples: int = 0
-    ece_before: list[float] = []
-    ece_after: list[float] = []
-
-    def __post_init__(self) -> None:
-        if not self.temperatures:
-            raise ValueError("an STS calibration needs at least one temperature")
-        bad = [t for t in self.temperatures if not (t > 0 and math.isfinite(t))]
-        if bad:
-            raise ValueError(f"STS temperatures must all be finite and > 0, got {self.temperatures}")
-
-    def to_json(self) -> str:
-        return msgspec.json.encode(self).decode("utf-8")
-
-    @classmethod
-    def from_json(cls, text: str | bytes) -> "StsCalibration":
-        """Parse an STS file's text; a malformed file is a ValueError naming the problem."""
-        try:
-            return msgspec.json.decode(text, type=cls)
-        except msgspec.ValidationError as exc:
-            raise ValueError(f"not an SGLang STS calibration ({{temperatures: [...], ...}}): {exc}") from None
-        except msgspec.DecodeError as exc:
-            raise ValueError(f"not JSON: {exc}") from None
 
 
 def raw_logits(confidence, *, temperatures=None) -> np.ndarray:

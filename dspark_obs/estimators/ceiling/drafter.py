@@ -45,11 +45,14 @@ per draft, which :meth:`DrafterMap.accept` (``z``) turns into ``a`` bounds.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 from scipy.optimize import minimize
 
-__all__ = ["DrafterMap", "fit_drafter_map"]
+from dspark_obs.estimators.ceiling.fit_parts import FitPart, LocalParts, Parts, summed
+
+__all__ = ["DrafterMap", "fit_drafter_map", "fit_drafter_parts"]
 
 _EPS = 1e-6
 _SHARP = 40.0
@@ -77,9 +80,8 @@ def _penalty(gamma: int) -> np.ndarray:
     return np.concatenate([[1e-6, 1e-6], np.full(2 * gamma, _RIDGE)])
 
 
-def _nll(theta: np.ndarray, x: np.ndarray, log_p: np.ndarray, y: np.ndarray,
-         penalty: np.ndarray) -> tuple[float, np.ndarray]:
-    """Penalised negative log-likelihood of the outcomes and its gradient."""
+def _nll_terms(theta: np.ndarray, x: np.ndarray, log_p: np.ndarray, y: np.ndarray) -> tuple:
+    """Unpenalised negative log-likelihood of the outcomes and its gradient (one part's terms)."""
     eta = x @ theta
     log_q = -np.logaddexp(0.0, -eta)
     u = _SHARP * (log_q - log_p)
@@ -94,9 +96,18 @@ def _nll(theta: np.ndarray, x: np.ndarray, log_p: np.ndarray, y: np.ndarray,
     d_logq = -s                                        # d ll / d log q
     d_logq[rejected] = (np.exp(la) / one_minus) * s[rejected]
     grad_eta = d_logq * (1.0 - np.exp(log_q))          # d log q / d eta = 1 - q
-    f = -ll.sum() + 0.5 * np.sum(penalty * theta * theta)
-    g = -(x.T @ grad_eta) + penalty * theta
-    return float(f), g
+    return -ll.sum(), -(x.T @ grad_eta)
+
+
+def _penalised(terms: tuple, theta: np.ndarray, penalty: np.ndarray) -> tuple[float, np.ndarray]:
+    f, g = terms
+    return float(f + 0.5 * np.sum(penalty * theta * theta)), g + penalty * theta
+
+
+def _nll(theta: np.ndarray, x: np.ndarray, log_p: np.ndarray, y: np.ndarray,
+         penalty: np.ndarray) -> tuple[float, np.ndarray]:
+    """Penalised negative log-likelihood of the outcomes and its gradient."""
+    return _penalised(_nll_terms(theta, x, log_p, y), theta, penalty)
 
 
 @dataclass(frozen=True)
@@ -157,42 +168,71 @@ def fit_drafter_map(confidence: np.ndarray, p_draft: np.ndarray, topk_state: np.
     True
     """
     c = np.asarray(confidence, dtype=np.float64)
-    n, gamma = c.shape
-    offset = np.arange(1, gamma + 1)[None, :]
-    correct = np.asarray(correct, dtype=np.int64)
-    verified = offset <= np.minimum(correct[:, None] + 1, np.asarray(window, dtype=np.int64)[:, None])
-    accepted = offset <= correct[:, None]
-    p = np.asarray(p_draft, dtype=np.float64)
-    state = np.asarray(topk_state)
-    candidates = verified & np.asarray(sampled, dtype=bool)[:, None] & ~np.isnan(c)
-    in_topk = candidates & (state == 1) & ~np.isnan(p)
+    part = FitPart(c, np.asarray(window), np.asarray(correct), ~np.asarray(sampled, dtype=bool),
+                   np.asarray(p_draft, dtype=np.float64), np.asarray(topk_state), np.asarray(p_draft, dtype=np.float64))
+    return fit_drafter_parts(LocalParts([part]), c.shape[1])
+
+
+def _candidates(part: FitPart) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(drafts in the top-k, drafts whose p is known, accepted)`` among the part's verified sampled drafts."""
+    offset = np.arange(1, part.gamma + 1)[None, :]
+    correct = np.asarray(part.correct, dtype=np.int64)
+    verified = offset <= np.minimum(correct[:, None] + 1, np.asarray(part.window, dtype=np.int64)[:, None])
+    candidates = verified & ~np.asarray(part.greedy, dtype=bool)[:, None] & ~np.isnan(part.conf)
+    known = candidates & ~np.isnan(part.p_draft)
+    return known & (np.asarray(part.topk_state) == 1), known, offset <= correct[:, None]
+
+
+def _use_counts(part: FitPart) -> tuple[int, int, int, int]:
+    in_topk, known, accepted = _candidates(part)
+    return int(in_topk.sum()), int(accepted[in_topk].sum()), int(known.sum()), int(accepted[known].sum())
+
+
+def _part_rows(part: FitPart, topk_only: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    in_topk, known, accepted = _candidates(part)
+    use = in_topk if topk_only else known
+    offset = np.broadcast_to(np.arange(1, part.gamma + 1)[None, :], part.conf.shape)
+    return (_design(part.conf[use], offset[use], part.gamma), np.log(np.clip(part.p_draft[use], 1e-12, 1.0)),
+            accepted[use])
+
+
+def _part_nll(part: FitPart, topk_only: bool, thetas: list) -> list:
+    """One part's :func:`_nll_terms` at each of ``thetas`` (its rows built once, kept on the part)."""
+    x, log_p, y = part.cached(("drafter", topk_only), lambda: _part_rows(part, topk_only))
+    return [_nll_terms(theta, x, log_p, y) for theta in thetas]
+
+
+def fit_drafter_parts(parts: Parts, gamma: int) -> DrafterMap:
+    """:func:`fit_drafter_map` on a sample held in parts (:mod:`~dspark_obs.estimators.ceiling.fit_parts`)."""
+    n_topk, hit_topk, n_known, hit_known = summed(parts.map(_use_counts) or [(0, 0, 0, 0)])
     # Without top-k logprobs: every draft whose p is known (selected by the outcome; see the docstring).
-    use = in_topk if in_topk.any() else candidates & ~np.isnan(p)
-    y = accepted[use]
-    if y.size < _MIN_ROWS or y.all() or not y.any():
-        return DrafterMap(gamma=gamma, coef=None, cov=None, n_train=int(y.size))
-    x = _design(c[use], np.broadcast_to(offset, c.shape)[use], gamma)
-    log_p = np.log(np.clip(p[use], 1e-12, 1.0))
+    topk_only = n_topk > 0
+    n, hits = (n_topk, hit_topk) if topk_only else (n_known, hit_known)
+    if n < _MIN_ROWS or hits == n or hits == 0:
+        return DrafterMap(gamma=gamma, coef=None, cov=None, n_train=n)
     penalty = _penalty(gamma)
-    theta0 = np.zeros(x.shape[1])
+
+    def nll(thetas: list) -> list:
+        per_part = parts.map(_part_nll, topk_only, thetas)
+        return [_penalised(summed([terms[i] for terms in per_part]), theta, penalty) for i, theta in enumerate(thetas)]
+
+    theta0 = np.zeros(2 + 2 * gamma)
     theta0[1] = 1.0                                     # start at the identity, c = q
-    res = minimize(_nll, theta0, args=(x, log_p, y, penalty), jac=True, method="L-BFGS-B",
-                   options={"maxiter": 200})
+    res = minimize(lambda t: nll([t])[0], theta0, jac=True, method="L-BFGS-B", options={"maxiter": 200})
     theta = res.x
-    cov = _covariance(theta, x, log_p, y, penalty)
-    return DrafterMap(gamma=gamma, coef=theta, cov=cov, n_train=int(y.size))
+    return DrafterMap(gamma=gamma, coef=theta, cov=_covariance(theta, nll), n_train=n)
 
 
-def _covariance(theta: np.ndarray, x: np.ndarray, log_p: np.ndarray, y: np.ndarray,
-                penalty: np.ndarray) -> np.ndarray:
-    """Inverse of the penalised observed information, by differences of the analytic gradient."""
+def _covariance(theta: np.ndarray, nll: Callable[[list], list]) -> np.ndarray:
+    """Inverse of the penalised observed information, by differences of the analytic gradient (one pass
+    over the parts for all ``2k`` points)."""
     k = theta.size
-    h = np.empty((k, k))
     step = 1e-4
+    points = [theta + e for e in np.eye(k) * step] + [theta - e for e in np.eye(k) * step]
+    grads = [g for _, g in nll(points)]
+    h = np.empty((k, k))
     for j in range(k):
-        e = np.zeros(k)
-        e[j] = step
-        h[:, j] = (_nll(theta + e, x, log_p, y, penalty)[1] - _nll(theta - e, x, log_p, y, penalty)[1]) / (2 * step)
+        h[:, j] = (grads[j] - grads[k + j]) / (2 * step)
     h = 0.5 * (h + h.T)
     try:
         return np.linalg.inv(h)

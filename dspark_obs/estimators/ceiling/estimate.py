@@ -72,6 +72,7 @@ import pyarrow as pa
 from dspark_obs import schema
 from dspark_obs.estimators.ceiling.drafter import DrafterMap, fit_drafter_map
 from dspark_obs.estimators.ceiling.evidence import Evidence
+from dspark_obs.estimators.ceiling.fit_parts import FitPart, LocalParts, Parts, summed
 from dspark_obs.estimators.ceiling.prior import (
     AcceptanceModel,
     BinnedPrior,
@@ -89,7 +90,7 @@ from dspark_obs.estimators.ceiling.walk import (
 )
 from dspark_obs.schema import CEILING, CEILING_SUMMARY, CEILING_VALIDATION
 
-__all__ = ["METHODS", "Method", "drafter_explains_better", "CeilingEstimate", "estimate_ceiling",
+__all__ = ["METHODS", "Method", "drafter_explains_better", "drafter_explains_better_parts", "CeilingEstimate", "estimate_ceiling",
            "CEILING", "CEILING_SUMMARY", "CEILING_VALIDATION"]
 
 METHODS = ("default", "sglang")
@@ -284,12 +285,26 @@ def drafter_explains_better(drafter: DrafterMap, model: AcceptanceModel, conf, p
     steps (those whose ``p`` is known); a head that is not a function of the
     drafter's probability (e.g. trained on acceptance) loses here.
     """
-    verified, accepted = training_mask(window, correct, drafter.gamma)
-    use = verified & sampled[:, None] & ~np.isnan(p) & ~np.isnan(conf)
-    if not drafter.fitted or not use.any():
-        return False
-    a_map = np.clip(drafter.accept(conf, p), 1e-6, 1 - 1e-6)[use]
-    a_ev = np.clip(model.draft(conf, evidence.p_topk, evidence.topk_state), 1e-6, 1 - 1e-6)[use]
+    part = FitPart(np.asarray(conf), np.asarray(window), np.asarray(correct), ~np.asarray(sampled, dtype=bool),
+                   evidence.p_topk, evidence.topk_state, np.asarray(p))
+    return drafter_explains_better_parts(LocalParts([part]), drafter, model)
+
+
+def _explain_terms(part: FitPart, drafter: DrafterMap, model: AcceptanceModel) -> tuple[float, float, bool]:
+    verified, accepted = training_mask(part.window, part.correct, drafter.gamma)
+    use = verified & ~np.asarray(part.greedy, dtype=bool)[:, None] & ~np.isnan(part.p_draft) & ~np.isnan(part.conf)
+    if not use.any():
+        return 0.0, 0.0, False
+    a_map = np.clip(drafter.accept(part.conf, part.p_draft), 1e-6, 1 - 1e-6)[use]
+    a_ev = np.clip(model.draft(part.conf, part.p_topk, part.topk_state), 1e-6, 1 - 1e-6)[use]
     y = accepted[use]
     ll = lambda a: float(np.where(y, np.log(a), np.log1p(-a)).sum())  # noqa: E731
-    return ll(a_map) >= ll(a_ev)
+    return ll(a_map), ll(a_ev), True
+
+
+def drafter_explains_better_parts(parts: Parts, drafter: DrafterMap, model: AcceptanceModel) -> bool:
+    """:func:`drafter_explains_better` on a sample held in parts (:mod:`~dspark_obs.estimators.ceiling.fit_parts`)."""
+    if not drafter.fitted:
+        return False
+    ll_map, ll_ev, used = summed(parts.map(_explain_terms, drafter, model) or [(0.0, 0.0, False)])
+    return bool(used) and ll_map >= ll_ev

@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dspark_obs.acceptance import mode_block_accept
 from dspark_obs.estimators import pairing, sampling
 from dspark_obs.estimators.ceiling.evidence import align_requests, padded_lists, token_index
 from dspark_obs.estimators.chunks import ALL, Chunk
@@ -96,9 +97,10 @@ def truth_of(con, run_id: str, steps: pa.Table, mode: str, companion: str | None
         truth = np.full(n, np.nan)
         truth[joined.column("row").to_numpy()] = joined.column("true_block_accept").to_numpy().astype(np.float64)
         return truth, "companion"
-    if mode in ("cap-accept", "static"):
-        cap = column_array(steps, "cap_trim", np.float64, 0) if mode == "cap-accept" else 0.0
-        return column_array(steps, "correct_drafts", np.float64, 0) + cap, mode
+    shown = mode_block_accept(mode, column_array(steps, "correct_drafts", np.float64, 0),
+                              column_array(steps, "cap_trim", np.float64, 0))
+    if shown is not None:
+        return shown, mode
     emu = steps.column("emu_block_accept")
     if emu.null_count < n:
         return column_array(steps, "emu_block_accept", np.float64, np.nan), "emulator"

@@ -18,9 +18,10 @@ import pyarrow as pa
 from dspark_obs import schema
 from dspark_obs.estimators import pairing
 from dspark_obs.estimators.ceiling import stats as ceiling_stats
-from dspark_obs.estimators.ceiling.drafter import fit_drafter_map
-from dspark_obs.estimators.ceiling.estimate import drafter_explains_better, estimate_ceiling
+from dspark_obs.estimators.ceiling.drafter import fit_drafter_parts
+from dspark_obs.estimators.ceiling.estimate import drafter_explains_better_parts, estimate_ceiling
 from dspark_obs.estimators.ceiling.fit import CeilingFit
+from dspark_obs.estimators.ceiling.fit_parts import FitPart, LocalParts, Parts
 from dspark_obs.estimators.ceiling.inputs import (
     ChunkInputs,
     InferredSampling,
@@ -35,11 +36,11 @@ from dspark_obs.estimators.ceiling.inputs import (
     truth_of,
 )
 from dspark_obs.estimators.ceiling.partial import RunPartial, RunTotals, rid_positions, workload_labels
-from dspark_obs.estimators.ceiling.prior import fit_acceptance_model, fit_binned_prior
-from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
+from dspark_obs.estimators.ceiling.prior import fit_acceptance_parts, fit_binned_parts
+from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_parts, sample_requests
 from dspark_obs.store import validate_run_id
 
-__all__ = ["CeilingRun", "RunPlan", "plan_estimate", "estimate_chunks", "finish_estimate", "run_local", "result_of",
+__all__ = ["CeilingRun", "RunPlan", "plan_estimate", "fit_run", "load_fit_parts", "fit_parts_of", "estimate_chunks", "finish_estimate", "run_local", "result_of",
            "replace_results", "RESULT_TABLES"]
 
 RESULT_TABLES = ("ceiling", "ceiling_summary", "ceiling_validation")
@@ -94,14 +95,60 @@ def _ceiling_table(steps: pa.Table, est, x: "ChunkInputs", method: str) -> pa.Ta
     })
 
 
-def _fit(x: ChunkInputs, run_id: str, gamma: int) -> CeilingFit:
-    """What the run's verified drafts teach, fitted once and used on every chunk."""
+def fit_run(parts: Parts, run_id: str, gamma: int) -> CeilingFit:
+    """What the run's verified drafts teach, fitted once on the sample's parts and used on every chunk."""
+    model = fit_acceptance_parts(parts, gamma)
+    drafter = fit_drafter_parts(parts, gamma)
+    use = drafter_explains_better_parts(parts, drafter, model)
+    return CeilingFit(model, drafter, use, fit_binned_parts(parts, gamma), {"run_id": run_id, "gamma": gamma})
+
+
+def _part_of(x: ChunkInputs) -> FitPart:
     ev = x.aligned.evidence
-    model = fit_acceptance_model(x.conf, x.window, x.correct, x.greedy, p_topk=ev.p_topk, topk_state=ev.topk_state)
-    drafter = fit_drafter_map(x.conf, ev.p_draft, ev.topk_state, x.window, x.correct, ~x.greedy)
-    use = drafter_explains_better(drafter, model, x.conf, ev.p_draft, ev, x.window, x.correct, ~x.greedy)
-    return CeilingFit(model, drafter, use, fit_binned_prior(x.conf, x.window, x.correct, ~x.greedy),
-                      {"run_id": run_id, "gamma": gamma})
+    return FitPart(x.conf, x.window, x.correct, x.greedy, ev.p_topk, ev.topk_state, ev.p_draft)
+
+
+def load_fit_parts(con, plan: "RunPlan", parts: list, root) -> list[FitPart]:
+    """The fitting sample's ``parts`` (contiguous chunks of :func:`~dspark_obs.estimators.chunks.sample_parts`)
+    read from the store, as :mod:`~dspark_obs.estimators.ceiling.fit_parts` sums them: the rid-range parts
+    in one read spanning them (then cut by their steps), a part of steps without a rid apart."""
+    ranged = [p for p in parts if "chunk_lo" in p.params]
+    out = []
+    if ranged:
+        span = Chunk(ranged[0].where, {**ranged[0].params, "chunk_hi": ranged[-1].params["chunk_hi"]},
+                     rows=sum(p.rows for p in ranged))
+        out += _cut(_part_of(_load(con, plan, span, root)), ranged, plan.run_id)
+    return out + [_part_of(_load(con, plan, p, root)) for p in parts if "chunk_lo" not in p.params]
+
+
+def _load(con, plan: "RunPlan", chunk: Chunk, root) -> ChunkInputs:
+    return load_inputs(con, plan.run_id, root, chunk, plan.gamma, inferred=plan.inferred,
+                       temperature=plan.temperature)[0]
+
+
+def _cut(whole: FitPart, parts: list, run_id: str) -> list[FitPart]:
+    """``whole`` (the steps of ``parts``, in order) cut into one :class:`FitPart` per part."""
+    if len(parts) == 1:
+        return [whole]
+    bounds = np.cumsum([0] + [p.rows for p in parts])
+    if bounds[-1] != len(whole.window):
+        raise RuntimeError(f"run {run_id!r}: {len(whole.window)} steps read for the fit, {bounds[-1]} planned")
+    return [whole.rows(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def fit_parts_of(plan: "RunPlan") -> list[Chunk]:
+    """The run's fitting sample cut into parts (the same parts for every chunk size and engine)."""
+    return sample_parts(plan.rids, plan.counts, plan.sample)
+
+
+def fits_on_one_chunk(plan: "RunPlan") -> bool:
+    """A run of one chunk whose sample is every request: fitted on the chunk itself, as one pass would."""
+    return len(plan.chunks) == 1 and plan.sample.where == "TRUE"
+
+
+def _fit_on_chunk(x: ChunkInputs, plan: "RunPlan", gamma: int) -> CeilingFit:
+    """The fit of a run of one chunk on that chunk's inputs: its steps cut into the sample's parts."""
+    return fit_run(LocalParts(_cut(_part_of(x), fit_parts_of(plan), plan.run_id)), plan.run_id, gamma)
 
 
 def _check_fit(fit: CeilingFit, run_id: str, gamma: int) -> CeilingFit:
@@ -131,11 +178,11 @@ class RunPlan:
 
 
 def plan_estimate(con, run_id: str, root, *, companion, method, sglang_logprobs, chunk_rows: int, fit_rows: int,
-                  temperature: float | None, alpha: float, fit: bool = False,
+                  temperature: float | None, alpha: float, fit: bool = True,
                   given: CeilingFit | None = None) -> RunPlan:
-    """Plan the run's chunks and fit the models on the sample (unless the run is one chunk and not ``fit``).
-
-    ``given`` (a fit of an earlier run of the same deployment) is used instead of fitting."""
+    """Plan the run's chunks and, with ``fit``, fit the models on the sample's parts here (a run of one
+    chunk is fitted on that chunk as it is estimated; an engine that holds the parts on its workers fits
+    there: ``fit=False``).  ``given`` (a fit of an earlier run of the same deployment) is used instead."""
     validate_run_id(run_id)
     rids, counts = run_rids(con, run_id, root)
     chunks = plan_chunks(rids, counts, chunk_rows=chunk_rows)
@@ -148,9 +195,8 @@ def plan_estimate(con, run_id: str, root, *, companion, method, sglang_logprobs,
                    infer_sampling(con, run_id, alpha), sglang_logprobs, temperature)
     if given is not None:
         plan.model = _check_fit(given, run_id, gamma)
-    elif fit or not (len(chunks) == 1 and sample.where == "TRUE"):  # else: fitted on the only chunk
-        fit_inputs, _, _ = load_inputs(con, run_id, root, sample, gamma, inferred=plan.inferred, temperature=temperature)
-        plan.model = _fit(fit_inputs, run_id, gamma)
+    elif fit and not fits_on_one_chunk(plan):
+        plan.model = fit_run(LocalParts(load_fit_parts(con, plan, fit_parts_of(plan), root)), run_id, gamma)
     return plan
 
 
@@ -164,7 +210,7 @@ def estimate_chunks(con, plan: RunPlan, chunks: list, root, *, n_bootstrap: int,
         x, mode, gamma = load_inputs(con, plan.run_id, root, chunk, plan.gamma, inferred=plan.inferred,
                                  temperature=plan.temperature)
         if model is None:  # kept on the plan: the result carries the fit it used (estimate --fit-out)
-            model = plan.model = _fit(x, plan.run_id, gamma)
+            model = plan.model = _fit_on_chunk(x, plan, gamma)
         part = _estimate_chunk(con, plan.run_id, x, chunk, mode=mode, gamma=gamma, method=plan.method, model=model,
                                companion=plan.companion, sglang_logprobs=plan.sglang_logprobs)
         acc.add(x, part)

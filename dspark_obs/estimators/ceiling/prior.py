@@ -29,10 +29,14 @@ shrunk towards the common slope where a position has few verified drafts.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
-__all__ = ["AcceptanceModel", "fit_acceptance_model", "training_mask", "BinnedPrior", "fit_binned_prior"]
+from dspark_obs.estimators.ceiling.fit_parts import FitPart, LocalParts, Parts, summed
+
+__all__ = ["AcceptanceModel", "fit_acceptance_model", "fit_acceptance_parts", "training_mask", "BinnedPrior",
+           "fit_binned_prior", "fit_binned_parts"]
 
 _EPS_C = 1e-4
 _MIN_ROWS = 50
@@ -67,34 +71,66 @@ def _design(c: np.ndarray, offset: np.ndarray, gamma: int, p_topk: np.ndarray | 
     return np.stack(cols, axis=-1), np.asarray(pen)
 
 
-def _fit_logistic(x: np.ndarray, y: np.ndarray, penalty: np.ndarray, iters: int = 50) -> np.ndarray:
-    """Ridge-penalised logistic regression by damped Newton steps."""
-    beta = np.zeros(x.shape[1])
+def _fit_logistic(terms: Callable[[np.ndarray], tuple], n_coef: int, penalty: np.ndarray,
+                  iters: int = 50) -> np.ndarray:
+    """Ridge-penalised logistic regression by damped Newton steps.
 
-    def loss(b: np.ndarray) -> float:
-        z = x @ b
-        return float(np.sum(np.logaddexp(0.0, z) - y * z) + 0.5 * np.sum(penalty * b * b))
+    ``terms(beta)`` is ``(sum of log(1 + e^z) - y z, X'(p - y), X' W X)`` over the data at ``beta``
+    (unpenalised; summed over the fit's parts), so one call per trial point serves the line
+    search and, once accepted, the next step."""
+    beta = np.zeros(n_coef)
 
-    current = loss(beta)
+    def penalised(b: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        loss, grad, hess = terms(b)
+        return float(loss + 0.5 * np.sum(penalty * b * b)), grad + penalty * b, hess + np.diag(penalty)
+
+    current, grad, hess = penalised(beta)
     for _ in range(iters):
-        p = _sigmoid(x @ beta)
-        grad = x.T @ (p - y) + penalty * beta
-        hess = (x * (p * (1 - p))[:, None]).T @ x + np.diag(penalty)
         step = np.linalg.solve(hess, grad)
         t = 1.0
         while t > 1e-4:
             trial = beta - t * step
-            new = loss(trial)
+            new, trial_grad, trial_hess = penalised(trial)
             if new <= current:
                 break
             t *= 0.5
         if t <= 1e-4:
             break
         beta, improvement = trial, current - new
-        current = new
+        current, grad, hess = new, trial_grad, trial_hess
         if improvement < 1e-9 * max(1.0, abs(current)):
             break
     return beta
+
+
+def _logistic_terms(part: FitPart, spec: tuple, beta: np.ndarray) -> tuple:
+    """One part's :func:`_fit_logistic` terms for the model ``spec`` = (greedy, base rate, with evidence)."""
+    x, y = part.cached(("acceptance", spec), lambda: _part_design(part, *spec))
+    z = x @ beta
+    p = _sigmoid(z)
+    return np.sum(np.logaddexp(0.0, z) - y * z), x.T @ (p - y), (x * (p * (1 - p))[:, None]).T @ x
+
+
+def _part_design(part: FitPart, kind: bool, base_rate: float, evidence: bool) -> tuple[np.ndarray, np.ndarray]:
+    n, gamma = part.conf.shape
+    sel, accepted = _selection(part, kind)
+    c = part.conf[sel]
+    c = np.where(np.isnan(c), base_rate, c)
+    offset = np.broadcast_to(np.arange(1, gamma + 1)[None, :], (n, gamma))[sel]
+    x, _ = _design(c, offset, gamma, part.p_topk[sel] if evidence else None,
+                   part.topk_state[sel] if evidence else None)
+    return x, accepted[sel].astype(np.float64)
+
+
+def _selection(part: FitPart, kind: bool) -> tuple[np.ndarray, np.ndarray]:
+    verified, accepted = training_mask(part.window, part.correct, part.gamma)
+    return verified & (np.asarray(part.greedy, dtype=bool) == kind)[:, None], accepted
+
+
+def _kind_counts(part: FitPart, kind: bool) -> tuple[int, int, bool]:
+    """Verified drafts of a sampling kind, how many were accepted, and whether any has top-k evidence."""
+    sel, accepted = _selection(part, kind)
+    return int(sel.sum()), int(accepted[sel].sum()), bool((part.topk_state[sel] != 0).any())
 
 
 def training_mask(window: np.ndarray, correct: np.ndarray, gamma: int) -> tuple[np.ndarray, np.ndarray]:
@@ -167,30 +203,33 @@ def fit_acceptance_model(
     with fewer than 50 verified drafts, or only one outcome, keeps the raw head.
     """
     confidence = np.asarray(confidence, dtype=np.float64)
-    n, gamma = confidence.shape
-    greedy = np.asarray(greedy, dtype=bool)
-    verified, accepted = training_mask(window, correct, gamma)
-    offset = np.broadcast_to(np.arange(1, gamma + 1)[None, :], (n, gamma))
+    part = FitPart(confidence, np.asarray(window), np.asarray(correct), np.asarray(greedy, dtype=bool),
+                   np.asarray(p_topk), np.asarray(topk_state), np.full(confidence.shape, np.nan))
+    return fit_acceptance_parts(LocalParts([part]), confidence.shape[1])
+
+
+def fit_acceptance_parts(parts: Parts, gamma: int) -> AcceptanceModel:
+    """:func:`fit_acceptance_model` on a sample held in parts (:mod:`~dspark_obs.estimators.ceiling.fit_parts`)."""
     prior_coef: dict[bool, np.ndarray | None] = {}
     base_rate: dict[bool, float] = {}
     n_train: dict[bool, int] = {}
     draft_coef = None
     for kind in (True, False):
-        sel = verified & (greedy == kind)[:, None]
-        y = accepted[sel].astype(np.float64)
-        n_train[kind] = int(y.size)
-        base_rate[kind] = float(y.mean()) if y.size else 0.5
-        c = confidence[sel]
-        c = np.where(np.isnan(c), base_rate[kind], c)
-        usable = y.size >= _MIN_ROWS and 0 < y.sum() < y.size
-        if not usable:
+        n, hits, has_topk = summed(parts.map(_kind_counts, kind) or [(0, 0, False)])
+        n_train[kind] = n
+        base_rate[kind] = hits / n if n else 0.5
+        if not (n >= _MIN_ROWS and 0 < hits < n):
             prior_coef[kind] = None
             continue
-        x, pen = _design(c, offset[sel], gamma, None, None)
-        prior_coef[kind] = _fit_logistic(x, y, pen)
-        if not kind and (topk_state[sel] != 0).any():
-            x, pen = _design(c, offset[sel], gamma, p_topk[sel], topk_state[sel])
-            draft_coef = _fit_logistic(x, y, pen)
+        for evidence in ((False, True) if not kind and has_topk else (False,)):
+            spec = (kind, base_rate[kind], evidence)
+            pen = _design(np.full(1, 0.5), np.ones(1), gamma, np.ones(1) if evidence else None,
+                          np.ones(1) if evidence else None)[1]
+            coef = _fit_logistic(lambda b, spec=spec: summed(parts.map(_logistic_terms, spec, b)), pen.size, pen)
+            if evidence:
+                draft_coef = coef
+            else:
+                prior_coef[kind] = coef
     return AcceptanceModel(gamma=gamma, draft_coef=draft_coef, prior_coef=prior_coef,
                            base_rate=base_rate, n_train=n_train)
 
@@ -226,18 +265,31 @@ def fit_binned_prior(confidence: np.ndarray, window: np.ndarray, correct: np.nda
                      *, n_bins: int = 10) -> BinnedPrior | None:
     """:class:`BinnedPrior` from the verified drafts of sampled steps; None with fewer than 50 of them."""
     c = np.asarray(confidence, dtype=np.float64)
-    n, gamma = c.shape
-    verified, accepted = training_mask(window, correct, gamma)
-    use = verified & np.asarray(sampled, dtype=bool)[:, None] & ~np.isnan(c)
-    if use.sum() < _MIN_ROWS:
+    greedy = ~np.asarray(sampled, dtype=bool)
+    part = FitPart(c, np.asarray(window), np.asarray(correct), greedy, c, c, c)
+    return fit_binned_parts(LocalParts([part]), c.shape[1], n_bins=n_bins)
+
+
+def _binned_cells(part: FitPart) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The part's verified drafts of sampled steps with a confidence: ``(c, position, accepted)``, flat."""
+    verified, accepted = training_mask(part.window, part.correct, part.gamma)
+    use = verified & ~np.asarray(part.greedy, dtype=bool)[:, None] & ~np.isnan(part.conf)
+    k = np.broadcast_to(np.arange(part.gamma)[None, :], part.conf.shape)
+    return part.conf[use], k[use], accepted[use]
+
+
+def fit_binned_parts(parts: Parts, gamma: int, *, n_bins: int = 10) -> BinnedPrior | None:
+    """:func:`fit_binned_prior` on a sample held in parts: the cells are gathered (their order does not matter)."""
+    cells = parts.map(_binned_cells)
+    if not cells or sum(len(c) for c, _, _ in cells) < _MIN_ROWS:
         return None
-    inner = np.unique(np.quantile(c[use], np.linspace(0, 1, n_bins + 1)[1:-1]))
+    c, k, accepted = (np.concatenate(cols) for cols in zip(*cells))
+    inner = np.unique(np.quantile(c, np.linspace(0, 1, n_bins + 1)[1:-1]))
     edges = np.concatenate([[-np.inf], inner, [np.inf]])
     nb = edges.size - 1
     b = np.clip(np.searchsorted(edges, c, side="right") - 1, 0, nb - 1)
-    k = np.broadcast_to(np.arange(gamma)[None, :], c.shape)
-    cell = (k * nb + b)[use]
-    y = accepted[use].astype(np.float64)
+    cell = k * nb + b
+    y = accepted.astype(np.float64)
     hits = np.bincount(cell, weights=y, minlength=gamma * nb).reshape(gamma, nb)
     count = np.bincount(cell, minlength=gamma * nb).reshape(gamma, nb).astype(np.float64)
     overall = float(y.mean())

@@ -1,11 +1,16 @@
-"""The ceiling estimator on Ray: one task per group of the run's chunks, the driver merges and commits.
+"""The ceiling estimator on Ray: the fit and the chunks on the workers, the driver merges and commits.
 
-Each task runs :func:`~dspark_obs.estimators.ceiling.io.estimate_chunks` — the local path's per-chunk
-function — over its shard, writes its ``ceiling`` rows as staged part files
-(invisible to readers) and returns a :class:`~dspark_obs.estimators.ceiling.partial.RunPartial`.  The
-driver merges the partials (the summary's bootstrap included: weights are drawn
-per request) and, only when every task succeeded, replaces the run's results
-and commits the staged files.
+On an engine with a pool of actors (:meth:`dspark_obs.ray_engine.RayEngine.pool`), each actor first
+reads its share of the fitting sample — a contiguous group of the sample's parts (rid ranges of
+about 25k sampled steps) — and keeps it; the driver runs the optimisers and each step asks
+the actors for their parts' sums (:mod:`~dspark_obs.estimators.ceiling.fit_parts`), so the fit's
+passes over the sample run in parallel and give the local path's numbers.  Then each actor runs
+:func:`~dspark_obs.estimators.ceiling.io.estimate_chunks` — the local path's per-chunk function —
+over its shard, writes its ``ceiling`` rows as staged part files (invisible to readers) and returns
+a :class:`~dspark_obs.estimators.ceiling.partial.RunPartial`.  The driver merges the partials (the
+summary's bootstrap included: weights are drawn per request) and, only when every task succeeded,
+replaces the run's results and commits the staged files.  An engine without a pool (``--jobs``)
+gets a plan fitted on the driver and only runs the chunks.
 """
 
 from __future__ import annotations
@@ -16,10 +21,11 @@ import pyarrow as pa
 
 from dspark_obs import sql as sqlmod
 from dspark_obs.estimators.ceiling import io as ceiling_io
+from dspark_obs.estimators.ceiling.fit_parts import map_parts
 from dspark_obs.estimators.ceiling.partial import merge_partials
 from dspark_obs.estimators.chunks import split_chunks
 
-__all__ = ["run", "estimate_shard"]
+__all__ = ["run", "estimate_shard", "fit_on_pool"]
 
 
 def estimate_shard(root: str, plan: "ceiling_io.RunPlan", chunks: list, *, n_bootstrap: int, seed: int,
@@ -33,12 +39,34 @@ def estimate_shard(root: str, plan: "ceiling_io.RunPlan", chunks: list, *, n_boo
     return partial, tables
 
 
+class _PoolParts:
+    """The fit's parts on the pool's actors, in chunk order."""
+
+    def __init__(self, pool):
+        self.pool = pool
+
+    def map(self, fn, *args) -> list:
+        return [r for per_actor in self.pool.apply(map_parts, fn, *args) for r in per_actor]
+
+
+def fit_on_pool(pool, root: str, plan: "ceiling_io.RunPlan"):
+    """The run's :class:`~dspark_obs.estimators.ceiling.fit.CeilingFit`, its sample held by ``pool``'s actors."""
+    groups = split_chunks(plan.rids, plan.counts, ceiling_io.fit_parts_of(plan), len(pool), recut=False)
+    groups += [[] for _ in range(len(pool) - len(groups))]
+    pool.load(_load_parts, [(root, plan, group) for group in groups])
+    try:
+        return ceiling_io.fit_run(_PoolParts(pool), plan.run_id, plan.gamma)
+    finally:
+        pool.load(_forget, [() for _ in groups])
+
+
 def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstrap: int, seed: int, write: bool,
         progress=None):
-    """:func:`~dspark_obs.estimators.ceiling.io.run_local` with the chunks on ``engine``."""
+    """:func:`~dspark_obs.estimators.ceiling.io.run_local` with the fit and the chunks on ``engine``."""
     engine.start()
     batch = f"ceiling-{secrets.token_hex(6)}" if write else None
     root = str(store.root) if not hasattr(store, "url") else store.url
+    pool = engine.pool(init=_one_core) if hasattr(engine, "pool") else None
     calls = [(root, plan, group) for group in split_chunks(plan.rids, plan.counts, plan.chunks, engine.parallelism())]
     total, done = int(plan.counts.sum()), [0]
 
@@ -48,18 +76,36 @@ def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstr
             progress(done[0], total)
 
     try:
-        results = engine.map(_task, [(*c, n_bootstrap, seed, batch) for c in calls], done=finished)
+        if plan.model is None:
+            plan.model = fit_on_pool(pool, root, plan)
+        results = (pool or engine).map(_task, [(*c, n_bootstrap, seed, batch) for c in calls], done=finished)
         partial = merge_partials([p for p, _ in results])
         summary, validation, companion = ceiling_io.finish_estimate(plan, partial, n_bootstrap=n_bootstrap)
         if write:
             ceiling_io.replace_results(store, plan.run_id, batch, summary, validation)
             batch = None
     finally:
+        if pool is not None:
+            pool.close()
         if batch is not None:
             store.discard_staged("ceiling", plan.run_id, batch)
     table = None if write else pa.concat_tables([t for _, ts in results for t in ts]) if results else None
     return ceiling_io.result_of(plan, partial, summary, validation, companion, table=table,
                                 store=store if write else None)
+
+
+def _one_core() -> None:
+    """An actor takes one CPU: its DuckDB one thread (as a ``--jobs`` worker's)."""
+    sqlmod.WORKER_THREADS = 1
+
+
+def _load_parts(root: str, plan: "ceiling_io.RunPlan", chunks: list) -> list:
+    con, store = sqlmod.connection_and_store(root)
+    return ceiling_io.load_fit_parts(con, plan, chunks, store.root)
+
+
+def _forget() -> None:
+    return None
 
 
 def _task(root, plan, chunks, n_bootstrap, seed, batch):

@@ -31,7 +31,7 @@ def run_estimate(con_or_store, run_id: str, *, companion, method, sglang_logprob
     con, store = sqlmod.connection_and_store(con_or_store)
     plan = plan_estimate(con, run_id, store.root, companion=companion, method=method, sglang_logprobs=sglang_logprobs,
                          chunk_rows=chunk_rows, fit_rows=fit_rows, temperature=temperature, alpha=alpha,
-                         fit=engine is not None and getattr(engine, "min_chunks", 0) <= 1, given=fit)
+                         fit=not hasattr(engine, "pool"), given=fit)   # an engine with a pool fits on its workers
     if engine is not None and len(plan.chunks) < getattr(engine, "min_chunks", 0):
         engine = None   # a run of one chunk: this process, its one-pass figures
     if engine is not None:

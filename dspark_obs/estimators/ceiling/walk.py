@@ -41,6 +41,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dspark_obs import acceptance
+
 __all__ = [
     "CATEGORIES", "EXACT_IN_WINDOW", "RESOLVED_EXACT", "DIVERGED", "EOS", "AT_END",
     "Walk", "walk_blocks", "ceiling_from_factors", "position_survival", "sglang_interval",
@@ -113,7 +115,7 @@ def walk_blocks(drafts: np.ndarray, window: np.ndarray, correct: np.ndarray, rea
     natural_end = np.asarray(natural_end, dtype=bool)
     offset = np.arange(1, gamma + 1)[None, :]
 
-    censored = (correct == window) & (window < gamma)
+    censored = acceptance.censored(window, correct, gamma)
     tail = censored[:, None] & (offset > window[:, None])
     avail = realised != NO_TOKEN
     eq = avail & (drafts == realised)

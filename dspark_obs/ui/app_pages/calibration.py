@@ -7,17 +7,13 @@ import streamlit as st
 
 from dspark_obs.estimators.calibration import sts
 from dspark_obs.ui import charts, urlstate, verdicts, widgets
-from dspark_obs.ui.charts._base import sorted_workloads
+from dspark_obs.ui.charts.base import sorted_workloads
 from dspark_obs.ui.charts.calibration import RECALIBRATION_ORDER
 
-ds, f = widgets.context()
-st.title("Calibration")
-st.caption("Does the head's survival S_k = c_1...c_k predict that the first k drafts survive a full-block "
-           "verify? Label modes score the same predictions against different truths: observed (the run's own "
-           "records), reconstructed (the ceiling estimator), companion (a cap-accept replay).")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Calibration",
+                     "Does the head's survival S_k = c_1...c_k predict that the first k drafts survive a full-block "
+                     "verify? Label modes score the same predictions against different truths: observed (the run's "
+                     "own records), reconstructed (the ceiling estimator), companion (a cap-accept replay).")
 
 _LABEL_PREFERENCE = ("companion", "reconstructed", "observed")
 # the figures the report gates (debiased ECE, AUROC) beside the plug-in ECE and Brier
@@ -157,7 +153,7 @@ with widgets.guard("Sequential Temperature Scaling"):
                                      help="Recorded confidences are after the server's STS; the fit needs those "
                                           "temperatures to recover the raw logits.")
         if upload is not None:
-            from dspark_obs.estimators.calibration.sts import StsCalibration
+            from dspark_obs.sts_format import StsCalibration
 
             current = tuple(StsCalibration.from_json(upload.getvalue()).temperatures)
         if served and current is None:

@@ -4,18 +4,15 @@ import streamlit as st
 
 from dspark_obs.ui import charts, urlstate, verdicts, widgets
 
-ds, f = widgets.context()
-st.title("Ceiling")
-st.caption("Compact mode hides what a full-block verify would have accepted (the ceiling). Cap-accept runs show "
-           "it exactly; for compact runs `dspark-obs estimate` reconstructs it from the tokens committed later.")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Ceiling",
+                     "Compact mode hides what a full-block verify would have accepted (the ceiling). Cap-accept runs "
+                     "show it exactly; for compact runs `dspark-obs estimate` reconstructs it from the tokens "
+                     "committed later.")
 
 with widgets.guard("Accepted vs ceiling per workload"):
     wl = ds.q("ui_workloads", f)
     if wl.empty:
-        st.info("No request-steps match the filters.", icon=":material/filter_alt_off:")
+        widgets.no_rows()
     else:
         widgets.show_chart(charts.accept_vs_ceiling(wl), key="ceiling-accept-vs-ceiling")
 

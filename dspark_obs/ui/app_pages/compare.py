@@ -5,14 +5,10 @@ import streamlit as st
 from dspark_obs import compare
 from dspark_obs.ui import charts, urlstate, widgets
 
-ds, f = widgets.context()
-st.title("Compare")
-st.caption("Baseline against candidate on the headline figures, with 95% bootstrap intervals over requests. "
-           "Both sides must be on the same clock (a virtual-clock emulator run is not comparable with a measured "
-           "one). The choices are kept in the URL, so a comparison can be shared.")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Compare",
+                     "Baseline against candidate on the headline figures, with 95% bootstrap intervals over requests. "
+                     "Both sides must be on the same clock (a virtual-clock emulator run is not comparable with a "
+                     "measured one). The choices are kept in the URL, so a comparison can be shared.")
 
 PCT = st.column_config.NumberColumn(format="percent")
 NUM = st.column_config.NumberColumn(format="%.4g")

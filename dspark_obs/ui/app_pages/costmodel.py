@@ -9,14 +9,10 @@ import streamlit as st
 from dspark_obs import costtable
 from dspark_obs.ui import charts, widgets
 
-ds, f = widgets.context()
-st.title("Cost model")
-st.caption("The scheduler prices a step as T(bs, K) = bias + alpha(bs) + theta(M), M = tokens the target "
-           "verifies. `dspark-obs costmodel` fits that additive table to the logged step times; here it is "
-           "checked against the raw steps and against the server's own prediction.")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Cost model",
+                     "The scheduler prices a step as T(bs, K) = bias + alpha(bs) + theta(M), M = tokens the target "
+                     "verifies. `dspark-obs costmodel` fits that additive table to the logged step times; here it is "
+                     "checked against the raw steps and against the server's own prediction.")
 
 TIMERS = ("step_gpu_ms", "step_cpu_ms", "target_verify_gpu_ms")
 

@@ -5,13 +5,9 @@ import streamlit as st
 
 from dspark_obs.ui import charts, health_panel, verdicts, widgets
 
-ds, f = widgets.context()
-st.title("Overview")
-st.caption("Runs in the store, and per workload: accept length against the full-block ceiling (what trimming "
-           "costs), the verify window, censoring, and calibration of the confidence head.")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Overview",
+                     "Runs in the store, and per workload: accept length against the full-block ceiling (what "
+                     "trimming costs), the verify window, censoring, and calibration of the confidence head.")
 
 NUM3 = st.column_config.NumberColumn(format="%.3f")
 PCT = st.column_config.NumberColumn(format="percent")
@@ -42,7 +38,7 @@ with widgets.guard("Latest report"):
 with widgets.guard("Per-workload summary"):
     wl = ds.q("ui_workloads", f)
     if wl.empty:
-        st.info("No request-steps match the filters.", icon=":material/filter_alt_off:")
+        widgets.no_rows()
     else:
         order = {r: i for i, r in enumerate(runs["run_id"])}
         totals = wl[wl["workload"] == "*"].sort_values("run_id", key=lambda s: s.map(order).fillna(len(order)))

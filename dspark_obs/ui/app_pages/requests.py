@@ -43,13 +43,9 @@ def _tokens_view(ds, run: str, rid: str) -> None:
         widgets.table(tokens, key="tokens", column_config={"logprob": st.column_config.NumberColumn(format="%.4f")})
 
 
-ds, f = widgets.context()
-st.title("Request explorer")
-st.caption("Pick a request to follow it step by step: the window the scheduler gave it, what it accepted, what "
-           "a full block would have accepted, the head's confidences, and the tokens it committed.")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Request explorer",
+                     "Pick a request to follow it step by step: the window the scheduler gave it, what it accepted, "
+                     "what a full block would have accepted, the head's confidences, and the tokens it committed.")
 
 with widgets.guard("Request explorer"):
     c1, c2 = st.columns([0.4, 0.6])

@@ -10,14 +10,12 @@ from dspark_obs import sql as sqlmod
 from dspark_obs.ui import widgets
 from dspark_obs.ui.data import query_parameters
 
-ds, f = widgets.context()
-st.title("SQL console")
-st.caption("Read-only DuckDB over the store: one view per table (plus `step_reqs_w`: step_reqs with workload, "
-           "temperature and window; `quarantined_files`). Only SELECT, EXPLAIN [ANALYZE] SELECT and catalogue "
-           "PRAGMAs run, each on a connection of its own that cannot open or write any file; the sidebar filters do not apply here. The same views answer "
-           "`dspark-obs sql --data D \"...\"`.")
-if ds.empty:
-    widgets.empty_store_notice(ds)
+ds, f = widgets.page("SQL console",
+                     "Read-only DuckDB over the store: one view per table (plus `step_reqs_w`: step_reqs with "
+                     "workload, temperature and window; `quarantined_files`). Only SELECT, EXPLAIN [ANALYZE] SELECT "
+                     "and catalogue PRAGMAs run, each on a connection of its own that cannot open or write any file; "
+                     "the sidebar filters do not apply here. The same views answer `dspark-obs sql --data D \"...\"`.",
+                     needs_runs=False)
 
 OWN = "(your own query)"
 DEFAULT_SQL = ("SELECT workload, count(*) AS request_steps, avg(\"window\") AS mean_window, avg(acc_len) AS "

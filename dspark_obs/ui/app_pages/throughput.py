@@ -4,14 +4,10 @@ import streamlit as st
 
 from dspark_obs.ui import charts, urlstate, widgets
 
-ds, f = widgets.context()
-st.title("Throughput")
-st.caption("A sweep (`dspark-obs sweep`, or `dspark-obs demo --sweep`) is a run set: each method at each driver "
-           "concurrency is its own run. Every figure names its clock: `virtual` is the emulator's cost-table "
-           "clock, `wall` what was measured; no figure mixes them.")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Throughput",
+                     "A sweep (`dspark-obs sweep`, or `dspark-obs demo --sweep`) is a run set: each method at each "
+                     "driver concurrency is its own run. Every figure names its clock: `virtual` is the emulator's "
+                     "cost-table clock, `wall` what was measured; no figure mixes them.")
 
 NUM1 = st.column_config.NumberColumn(format="%.1f")
 NUM3 = st.column_config.NumberColumn(format="%.3f")

@@ -4,18 +4,14 @@ import streamlit as st
 
 from dspark_obs.ui import charts, verdicts, widgets
 
-ds, f = widgets.context()
-st.title("Windows and budgets")
-st.caption("How many drafts the scheduler lets the target verify per request (window = verify_len - 1), how "
-           "much of the full-block ceiling those windows capture, and the verify budget it pays for.")
-if ds.empty:
-    widgets.empty_store_notice(ds)
-    st.stop()
+ds, f = widgets.page("Windows and budgets",
+                     "How many drafts the scheduler lets the target verify per request (window = verify_len - 1), how "
+                     "much of the full-block ceiling those windows capture, and the verify budget it pays for.")
 
 with widgets.guard("Windows"):
     dist = ds.q("ui_window_dist", f)
     if dist.empty:
-        st.info("No request-steps match the filters.", icon=":material/filter_alt_off:")
+        widgets.no_rows()
     else:
         summary = charts.window_summary(dist)
         widgets.show_chart(charts.window_by_workload(summary), key="windows-by-workload")
@@ -36,7 +32,7 @@ with widgets.guard("Windows"):
 with widgets.guard("Budget over time"):
     timeline = ds.q("ui_budget_timeline", f)
     if timeline.empty:
-        st.info("No decode steps with a batch size match the filters.", icon=":material/filter_alt_off:")
+        widgets.no_rows("decode steps with a batch size")
     elif timeline["mean_budget"].isna().all():
         st.info("These runs logged no budget (static mode plans none).", icon=":material/info:")
     else:

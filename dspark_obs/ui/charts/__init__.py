@@ -7,7 +7,7 @@ title, axis titles with units, and a one-line caption in
 from :mod:`dspark_obs.ui.palette`.
 """
 
-from dspark_obs.ui.charts._base import as_frame, caption_of, name_clock
+from dspark_obs.ui.charts.base import as_frame, caption_of, name_clock
 from dspark_obs.ui.charts.calibration import (calibration_metrics, recalibration_held_out, reliability_diagram,
                                              sts_before_after)
 from dspark_obs.ui.charts.ceiling import (

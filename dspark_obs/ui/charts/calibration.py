@@ -13,7 +13,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dspark_obs.ui.charts._base import (as_frame, draw_limit, legend_right, new_figure, no_data, require_columns,
+from dspark_obs.ui.charts.base import (as_frame, draw_limit, legend_right, new_figure, no_data, require_columns,
                                         tidy_legend,
                                         sorted_workloads)
 from dspark_obs.ui.palette import label_color, workload_color

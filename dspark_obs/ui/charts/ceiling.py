@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from dspark_obs.ui.charts._base import (
+from dspark_obs.ui.charts.base import (
     as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, run_colors, sorted_workloads,
     tidy_legend,
 )
@@ -183,7 +183,8 @@ def estimate_categories(data) -> go.Figure:
 
 
 def _bins(df: pd.DataFrame) -> pd.DataFrame:
-    return df[df["group_kind"] == "bin"].sort_values(["run_id", "bin"])
+    """The validation rows per bin of the estimate (an empty frame may have no columns at all)."""
+    return df if df.empty else df[df["group_kind"] == "bin"].sort_values(["run_id", "bin"])
 
 
 def validation_scatter(data) -> go.Figure:
@@ -200,11 +201,9 @@ def validation_scatter(data) -> go.Figure:
         "estimate: mean mid (drafts)",
         "One point per equal-count bin of the estimate; on the diagonal the estimate is unbiased. Bars span the "
         "mean [lo, hi] interval; open circles use the emulator's expectation as the truth.")
-    if df.empty:
-        return no_data(fig)
     bins = _bins(df)
     if bins.empty:
-        return no_data(fig, "No binned validation rows")
+        return no_data(fig, "No binned validation rows") if len(df) else no_data(fig)
     top = float(np.nanmax(bins[["mean_hi", "mean_truth", "mean_mid"]].to_numpy(dtype=float)))
     fig.add_scatter(x=[0, top], y=[0, top], mode="lines", line=dict(color="#9E9E9E", dash="dash"),
                     name="perfect estimate", hoverinfo="skip")
@@ -243,11 +242,9 @@ def validation_coverage(data, *, limit: float | None = None) -> go.Figure:
         "Each bar is one equal-count bin of censored steps; a sound interval covers ~100% of the truths in every "
         "bin. Realised truth: greedy steps (a sampled step's realisation is one draw, judged by the bins' means); "
         "emulator: E[full | window accepted] of every step. A dip marks where the bounds are too tight.")
-    if df.empty:
-        return no_data(fig)
     bins = _bins(df)
     if bins.empty:
-        return no_data(fig, "No binned validation rows")
+        return no_data(fig, "No binned validation rows") if len(df) else no_data(fig)
     colors = run_colors(bins["run_id"])
     for run, sub in bins.groupby("run_id", sort=False):
         labels = [f"{int(b)}: {m:.2f}" for b, m in zip(sub["bin"], sub["mean_mid"])]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import plotly.graph_objects as go
 
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
+from dspark_obs.ui.charts.base import as_frame, new_figure, no_data, require_columns, tidy_legend
 
 __all__ = ["compare_deltas"]
 

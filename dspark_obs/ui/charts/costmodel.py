@@ -16,7 +16,7 @@ from plotly.colors import sample_colorscale
 
 from dspark_obs import costtable as ct
 from dspark_obs.estimators.figures import costmodel_curves
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
+from dspark_obs.ui.charts.base import as_frame, new_figure, no_data, require_columns, tidy_legend
 from dspark_obs.ui.palette import model_color
 
 __all__ = ["table_from_fit", "predict_cells", "curve_frame", "costmodel_raw_vs_fitted", "predicted_vs_measured",
@@ -115,6 +115,17 @@ def costmodel_raw_vs_fitted(cells, curves=None) -> go.Figure:
     return tidy_legend(fig)
 
 
+def _model_series(df: pd.DataFrame) -> list[tuple[str, str]]:
+    """``(column, model)`` of the predictions a cells frame holds: the fitted table's, the server's."""
+    return [(c, m) for c, m in (("fitted_ms", "fitted"), ("server_ms", "server"))
+            if c in df.columns and df[c].notna().any()]
+
+
+def _cell_marker(model: str, steps: np.ndarray) -> dict:
+    """A cell's marker: the model's colour, sized by the cell's steps."""
+    return dict(color=model_color(model), size=5 + 10 * np.sqrt(steps / max(steps.max(), 1.0)), opacity=0.75)
+
+
 def predicted_vs_measured(cells) -> go.Figure:
     """Predicted vs measured step time per cell, for the fitted table and the server's own prediction.
 
@@ -126,8 +137,7 @@ def predicted_vs_measured(cells) -> go.Figure:
         "Predicted vs measured step time", "measured step time (ms, cell median)", "predicted step time (ms)",
         "Each point is one (batch size, M) cell; on the dashed diagonal the prediction is exact. 'server' is "
         "the predicted_step_ms SGLang logged with the table it planned with.")
-    series = [(c, m) for c, m in (("fitted_ms", "fitted"), ("server_ms", "server"))
-              if c in df.columns and df[c].notna().any()]
+    series = _model_series(df)
     if df.empty or not series:
         return no_data(fig)
     values = np.concatenate([df["measured_ms"].to_numpy(dtype=float)]
@@ -138,8 +148,7 @@ def predicted_vs_measured(cells) -> go.Figure:
     steps = df["steps"].to_numpy(dtype=float)
     for column, model in series:
         fig.add_scatter(x=df["measured_ms"], y=df[column], mode="markers", name=model,
-                        marker=dict(color=model_color(model), size=5 + 10 * np.sqrt(steps / max(steps.max(), 1.0)),
-                                    opacity=0.75),
+                        marker=_cell_marker(model, steps),
                         hovertemplate="measured %{x:.3f} ms, predicted %{y:.3f} ms<extra>" + model + "</extra>")
     return tidy_legend(fig)
 
@@ -155,15 +164,13 @@ def residuals_by_batch(cells) -> go.Figure:
         "Residuals by batch size", "batch size (requests)", "predicted - measured (ms)",
         "Per (batch size, M) cell; a trend with batch size means alpha(bs) is off, a spread at one batch size "
         "that theta(M) or a context term is missing.")
-    series = [(c, m) for c, m in (("fitted_ms", "fitted"), ("server_ms", "server"))
-              if c in df.columns and df[c].notna().any()]
+    series = _model_series(df)
     if df.empty or not series:
         return no_data(fig)
     steps = df["steps"].to_numpy(dtype=float)
     for column, model in series:
         fig.add_scatter(x=df["bs"], y=df[column] - df["measured_ms"], mode="markers", name=model,
-                        marker=dict(color=model_color(model), size=5 + 10 * np.sqrt(steps / max(steps.max(), 1.0)),
-                                    opacity=0.75),
+                        marker=_cell_marker(model, steps),
                         hovertemplate="bs %{x}: %{y:+.3f} ms<extra>" + model + "</extra>")
     fig.add_hline(y=0, line=dict(color="#8A8A8A", width=1))
     return tidy_legend(fig)

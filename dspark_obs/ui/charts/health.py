@@ -6,7 +6,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
+from dspark_obs.ui.charts.base import as_frame, new_figure, no_data, require_columns, tidy_legend
 
 __all__ = ["expected_vs_actual"]
 

@@ -11,7 +11,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dspark_obs.ui.charts._base import as_frame, new_figure, no_data, require_columns, tidy_legend
+from dspark_obs.ui.charts.base import as_frame, new_figure, no_data, require_columns, tidy_legend
 from dspark_obs.ui.palette import TOKEN_SOURCE_COLORS, workload_color
 
 __all__ = ["request_timeline", "confidence_heatmap", "token_logprobs"]

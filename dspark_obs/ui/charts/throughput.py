@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dspark_obs.ui.charts._base import (as_frame, clock_of, legend_right, log2_ticks, new_figure, no_data,
+from dspark_obs.ui.charts.base import (as_frame, clock_of, legend_right, log2_ticks, new_figure, no_data,
                                         require_columns, sorted_workloads)
 from dspark_obs.ui.palette import mode_color, mode_dash, mode_symbol, workload_color
 

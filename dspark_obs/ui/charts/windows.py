@@ -12,7 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from dspark_obs.ui.charts._base import (
+from dspark_obs.ui.charts.base import (
     as_frame, draw_limit, legend_key, legend_right, new_figure, no_data, require_columns, sorted_workloads, tidy_legend,
 )
 from dspark_obs.ui.palette import mode_color, mode_dash, mode_pattern, workload_color

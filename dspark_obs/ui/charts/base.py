@@ -16,7 +16,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import pyarrow as pa
 
-from dspark_obs.ui.charts._legend import legend_key, tidy_legend
+from dspark_obs.ui.charts.legend import legend_key, tidy_legend
 from dspark_obs.ui.palette import TEMPLATE_NAME
 
 __all__ = ["as_frame", "new_figure", "caption_of", "no_data", "require_columns", "finite", "sorted_workloads",

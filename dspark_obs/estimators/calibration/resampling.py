@@ -1,22 +1,23 @@
-"""Request-level bootstrap of the calibration metrics, vectorised over resamples.
+"""Request-level bootstrap of every calibration metric at once, vectorised over resamples.
 
 A resample draws requests with replacement; its metrics are those of the
 request-steps it drew (steps of one request are not independent, so requests
-are the unit, as in :func:`dspark_obs.estimators.calibration.metrics.bootstrap_calibration_error`).
-Each resample is a row of Poisson(1) weights over requests: the per-request
-sums (per bin, per score) are computed once, and every metric of every
-resample is a matrix product with them.
+are the unit, as in :func:`~dspark_obs.estimators.calibration.metrics.bootstrap_calibration_error`).
+Each resample is a row of Poisson(1) weights over requests
+(:func:`dspark_obs.estimators.stats.group_weights`, the one bootstrap-weights
+function): the per-request sufficient statistics (:class:`RequestSums`: per bin,
+per score level) are computed once, and every metric of every resample is a
+matrix product with them, then the metrics' own formulas
+(:func:`~.metrics.ece_from_sums`, :func:`~.metrics.debiased_terms`,
+:func:`~.metrics.auroc_from_levels`).
 
-The binning, the 1e-8 clamp and the formulas are those of
-:mod:`dspark_obs.estimators.calibration.metrics` (SGLang's equal-width rule ``floor(p * n_bins)``,
-quantile edges from the full sample, the folded-normal debiasing of Kumar et al.);
-with all weights 1 the results equal its ``expected_calibration_error``,
-``debiased_calibration_error``, ``brier_score_loss`` and ``auroc_score``
-(``tests/test_report_stats.py`` checks it).  For AUROC over more than
-``auroc_levels`` distinct scores, :func:`resampled_metrics` ranks the resamples
-on scores rounded to ``1 / auroc_levels`` (scores within one level count as
-ties), which keeps a resample linear in the number of levels instead of the
-number of steps; it serves the standard error only, the figure itself is exact.
+With all weights 1 the results equal :func:`~.metrics.expected_calibration_error`,
+``debiased_calibration_error``, ``brier_score_loss`` and ``auroc_score``.  For
+AUROC over more than ``auroc_levels`` distinct scores, :func:`resampled_metrics`
+ranks the resamples on scores rounded to ``1 / auroc_levels`` (scores within one
+level count as ties), which keeps a resample linear in the number of levels
+instead of the number of steps; it serves the standard error only, the figure
+itself is exact.  ``dspark-obs report`` draws its intervals and drift tests from here.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from __future__ import annotations
 import numpy as np
 from scipy import sparse
 
+from dspark_obs.estimators.calibration.metrics import (EPS_PROB, auroc_from_levels, bin_edges, bin_ids,
+                                                       debiased_terms, ece_from_sums, parse_binning, request_bins)
 from dspark_obs.estimators.stats import group_weights
-from dspark_obs.estimators.calibration.metrics import (EPS_PROB, bin_edges, bin_ids, debiased_terms, ece_from_sums,
-                                                       parse_binning)
 
-__all__ = ["METRICS", "Prepared", "calibration_replicates", "resampled_metrics"]
+__all__ = ["METRICS", "AUROC_LEVELS", "RequestSums", "calibration_replicates", "resampled_metrics"]
 
 METRICS = ("ece", "debiased_ece", "brier", "auroc", "acceptance")
 AUROC_LEVELS = 4096
@@ -36,19 +37,12 @@ _CELLS_PER_CHUNK = 4_000_000
 """Bound on resamples x max(levels, requests) held at once (about 32 MB of float64 per array)."""
 
 
-def _per_group(values: np.ndarray, g: np.ndarray, ids: np.ndarray, n_groups: int, n_bins: int) -> np.ndarray:
-    cell = g * n_bins + ids
-    return np.bincount(cell, weights=values, minlength=n_groups * n_bins).reshape(n_groups, n_bins)
+class RequestSums:
+    """One sample's sufficient statistics per request; called with resample weights, every metric.
 
-
-def _debiased(count: np.ndarray, psum: np.ndarray, ysum: np.ndarray) -> np.ndarray:
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.sum(debiased_terms(count, psum, ysum), axis=1) / count.sum(axis=1)
-
-
-class Prepared:
-    """One sample's per-request sums; calling it with resample weights gives every metric.
-
+    Per request: per bin the count and the sums of the clamped prediction and the
+    label (:func:`~.metrics.request_bins`); the steps, the labels' and the squared
+    errors' sums; per score level the positive and negative weight (AUROC).
     ``auroc_levels``: None ranks on the exact scores; an integer rounds the
     scores to that many levels when they have more distinct values.
     """
@@ -68,9 +62,7 @@ class Prepared:
         n_bins, strategy = parse_binning(binning)
         p = np.clip(p_raw, EPS_PROB, 1.0 - EPS_PROB)
         ids = bin_ids(p, bin_edges(p, n_bins, strategy), strategy) if y.size else np.zeros(0, np.int64)
-        self.count = _per_group(np.ones_like(p), g, ids, n_groups, n_bins)
-        self.psum = _per_group(p, g, ids, n_groups, n_bins)
-        self.ysum = _per_group(y, g, ids, n_groups, n_bins)
+        self.count, self.psum, self.ysum = request_bins(g, ids, p, y, n_groups, n_bins)
         self.n_g = np.bincount(g, minlength=n_groups).astype(np.float64)
         self.y_g = np.bincount(g, weights=y, minlength=n_groups)
         self.sq_g = np.bincount(g, weights=(p_raw - y) ** 2, minlength=n_groups)
@@ -79,10 +71,9 @@ class Prepared:
         if auroc_levels is not None and level.size and level.max() + 1 > auroc_levels:
             _, level = np.unique(np.minimum((p_raw * auroc_levels).astype(np.int64), auroc_levels - 1),
                                  return_inverse=True)
-        n_levels = int(level.max()) + 1 if level.size else 0
-        self.n_levels = n_levels
-        self.pos_t = sparse.csr_matrix((y, (level, g)), shape=(n_levels, n_groups))
-        self.neg_t = sparse.csr_matrix((1.0 - y, (level, g)), shape=(n_levels, n_groups))
+        self.n_levels = int(level.max()) + 1 if level.size else 0
+        self.pos_t = sparse.csr_matrix((y, (level, g)), shape=(self.n_levels, n_groups))
+        self.neg_t = sparse.csr_matrix((1.0 - y, (level, g)), shape=(self.n_levels, n_groups))
 
     def __call__(self, weights: np.ndarray) -> dict[str, np.ndarray]:
         w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
@@ -92,7 +83,7 @@ class Prepared:
         n = w @ self.n_g
         with np.errstate(divide="ignore", invalid="ignore"):
             return {"ece": ece_from_sums(count, psum, ysum),
-                    "debiased_ece": _debiased(count, psum, ysum),
+                    "debiased_ece": np.sum(debiased_terms(count, psum, ysum), axis=1) / count.sum(axis=1),
                     "brier": (w @ self.sq_g) / n,
                     "auroc": self._auroc(w),
                     "acceptance": (w @ self.y_g) / n}
@@ -103,11 +94,7 @@ class Prepared:
         wt = np.ascontiguousarray(w.T)
         pos = np.ascontiguousarray(np.asarray(self.pos_t @ wt).T)  # [B, levels], scores ascending
         neg = np.ascontiguousarray(np.asarray(self.neg_t @ wt).T)  # (row-contiguous: a fast cumsum)
-        below = np.cumsum(neg, axis=1) - neg
-        pos_total, neg_total = pos.sum(axis=1), neg.sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            auc = np.sum(pos * (below + 0.5 * neg), axis=1) / (pos_total * neg_total)
-        return np.where((pos_total > 0) & (neg_total > 0), auc, np.nan)
+        return auroc_from_levels(pos, neg)
 
 
 def calibration_replicates(y_true, y_prob, groups, weights: np.ndarray, *, binning: str = "width15"
@@ -134,7 +121,7 @@ def calibration_replicates(y_true, y_prob, groups, weights: np.ndarray, *, binni
     (0.175, 1.0, 0.5)
     """
     w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
-    return Prepared(y_true, y_prob, groups, n_groups=w.shape[1], binning=binning)(w)
+    return RequestSums(y_true, y_prob, groups, n_groups=w.shape[1], binning=binning)(w)
 
 
 def resampled_metrics(y_true, y_prob, groups, *, n_groups: int, n_resamples: int, seed: int,
@@ -147,13 +134,12 @@ def resampled_metrics(y_true, y_prob, groups, *, n_groups: int, n_resamples: int
     does not depend on the chunk), so memory stays bounded for runs with
     hundreds of thousands of steps.
     """
-
-    prepared = Prepared(y_true, y_prob, groups, n_groups=n_groups, binning=binning, auroc_levels=auroc_levels)
-    rows = max(1, min(n_resamples, _CELLS_PER_CHUNK // max(prepared.n_levels, n_groups, 1)))
+    sums = RequestSums(y_true, y_prob, groups, n_groups=n_groups, binning=binning, auroc_levels=auroc_levels)
+    rows = max(1, min(n_resamples, _CELLS_PER_CHUNK // max(sums.n_levels, n_groups, 1)))
     parts: list[dict[str, np.ndarray]] = []
     done = 0
     while done < n_resamples:
         size = min(rows, n_resamples - done)
-        parts.append(prepared(group_weights(n_groups, size, seed, keys, start=done)))
+        parts.append(sums(group_weights(n_groups, size, seed, keys, start=done)))
         done += size
     return {m: np.concatenate([p[m] for p in parts]) for m in METRICS}
