@@ -9,8 +9,7 @@ is not).  SQL (which symilar does not read): the ``.sql`` files under ``dspark_o
 case, white space and lines of bare punctuation folded away; no six-line window may stand twice.
 
 A repeat is fixed by making one piece of code serve (a function, a SQL macro under
-``dspark_obs/sql/macros/``), not by listing it here; :data:`ALLOWED` is for declarations that are
-alike by nature, each with its reason.
+``dspark_obs/sql/macros/``); there is no allow-list.
 """
 
 from __future__ import annotations
@@ -29,10 +28,6 @@ ROOT = Path(__file__).resolve().parents[1]
 MIN_LINES = 6
 PYTHON = sorted(p for package in ("dspark_obs", "collectors") for p in (ROOT / package).rglob("*.py"))
 SQL = sorted((ROOT / "dspark_obs" / "sql").rglob("*.sql"))
-
-# Pairs of files whose repeats may stand for now, each with its reason.  An entry that no longer
-# matches a repeat fails the suite, so the list cannot outlive what it excuses.
-ALLOWED: dict[frozenset[str], str] = {}
 
 
 def _pieces(path: Path) -> list[tuple[int, int, int]]:
@@ -99,8 +94,8 @@ def _symilar(paths: list[Path], root: Path) -> dict[str, frozenset[str]]:
 
 
 def python_repeats(paths: list[Path], root: Path = ROOT) -> list[str]:
-    """symilar's repeated blocks among the pieces of ``paths`` that :data:`ALLOWED` does not excuse."""
-    return [text for text, files in _symilar(paths, root).items() if files not in ALLOWED]
+    """symilar's repeated blocks among the pieces of ``paths``."""
+    return list(_symilar(paths, root))
 
 
 @functools.cache
@@ -125,14 +120,8 @@ def sql_repeats(paths: list[Path], root: Path = ROOT) -> list[str]:
 
 
 def test_product_python_repeats_no_block_of_six_lines():
-    repeats = [text for text, files in _product_repeats().items() if files not in ALLOWED]
+    repeats = list(_product_repeats())
     assert not repeats, "make one piece of code serve:\n\n" + "\n\n".join(repeats)
-
-
-def test_every_allowed_pair_still_repeats():
-    found = set(_product_repeats().values())
-    stale = [", ".join(sorted(pair)) for pair in ALLOWED if pair not in found]
-    assert not stale, f"no longer repeated, drop from ALLOWED: {stale}"
 
 
 def test_product_sql_repeats_no_block_of_six_lines():
