@@ -71,14 +71,15 @@ def test_sps_table_none_verifies_whole_blocks_and_reports_no_table(emulator):
     gsm = [f"[gsm8k] q {i}" for i in range(6)]
     for cfg, expect in (({"sps_table": None}, "none"), ({}, "builtin")):
         srv = emulator(mode="compact", seed=2, **cfg)
-        for text in gsm:
-            httpx.post(f"{srv.url}/generate", json={"text": text, "sampling_params": {"max_new_tokens": 40}},
+        for i, text in enumerate(gsm):  # fixed rids: the emulator draws a request's drafts from its rid
+            httpx.post(f"{srv.url}/generate", json={"text": text, "rid": f"gsm8k-{i:06d}",
+                                                     "sampling_params": {"max_new_tokens": 40}},
                        timeout=60).raise_for_status()
         info = httpx.get(f"{srv.url}/server_info", timeout=30).json()
         assert info["speculative_dspark_sps_table_path"] is None and info["emulator_sps_table"] == expect
         lens = {r["verify_len"] for rec in info["internal_states"][0]["dspark_info_record"]["records"]
                 for r in rec.get("reqs", [])}
-        assert (lens == {7}) == (expect == "none"), lens  # gsm8k survivals never drop below the floor
+        assert (lens == {7}) == (expect == "none"), lens  # these requests' survivals never drop below the floor
 
 
 def test_emulate_sps_table_flag_parses_none_and_a_file(tmp_path):
