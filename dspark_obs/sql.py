@@ -142,9 +142,11 @@ def object_store_for(url: str) -> Store:
     return Store(url)
 
 
+@functools.lru_cache(maxsize=16)
 def fsspec_filesystem(store: Store):
     """An object store's pyarrow filesystem as fsspec, for ``duckdb.register_filesystem`` (a read position
-    per DuckDB thread: :mod:`dspark_obs.objstore_reads`)."""
+    per DuckDB thread: :mod:`dspark_obs.objstore_reads`); one per store, so every connection to it shares
+    what the listings said and the files opened (one HEAD per file, not several per file per query)."""
     from dspark_obs.objstore_reads import duckdb_filesystem  # at call time: only object stores need fsspec
 
     return duckdb_filesystem(store.fs, store.scheme)
@@ -153,8 +155,7 @@ def fsspec_filesystem(store: Store):
 def _tables_with_files(root: str) -> set[str]:
     """Tables with part files in the old (flat) layout: directly under ``run_id=<id>/``."""
     if is_url(root):
-        store = object_store_for(root)
-        return {t for t in schema.TABLES if store.part_files(t, fleet_layout=False)}
+        return set(object_store_for(root).flat_tables()) & set(schema.TABLES)   # one listing, not one per table
     base = Path(root)
     return {t for t in schema.TABLES if next(base.glob(f"{t}/*/{PART_GLOB}"), None) is not None}
 

@@ -61,6 +61,7 @@ PART_GLOB = "part-*.parquet"
 _RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 _WRITER_RE = re.compile(r"[A-Za-z0-9_.]+")
 _PART_RE = re.compile(r"part-[^/]*\.parquet")
+_FLAT_PART_RE = re.compile(r"[^/.][^/]*/run_id=[^/]+/part-[^/]*\.parquet")   # <table>/run_id=<id>/part-*
 _PARTITIONING = ds.partitioning(pa.schema([("run_id", pa.string())]), flavor="hive")
 _TS_FORMAT = "%Y%m%dT%H%M%S%fZ"  # fixed width, so names sort chronologically
 
@@ -390,6 +391,12 @@ class Store:
         """Tables that have at least one part file, sorted."""
         return sorted({p[len(self.base) + 1:].split("/", 1)[0] for p in self._all_part_files()})
 
+    def flat_tables(self) -> list[str]:
+        """Tables with part files in the flat layout (directly in ``run_id=<id>/``), from one listing of the
+        store: on an object store one paginated LIST, where asking per table took a LIST per table."""
+        return sorted({p[len(self.base) + 1:].split("/", 1)[0] for p in self._listing(self.base, recursive=True)
+                       if _FLAT_PART_RE.fullmatch(p[len(self.base) + 1:])})
+
     def drop_run(self, table: str, run_id: str) -> int:
         """Remove one run's partition of ``table`` (every writer's files); returns the files removed.
 
@@ -425,8 +432,7 @@ class Store:
         return digest.hexdigest()
 
     def _all_part_files(self) -> list[str]:
-        flat = [p for p in self._listing(self.base, recursive=True)
-                if re.fullmatch(r"[^/.][^/]*/run_id=[^/]+/part-[^/]*\.parquet", p[len(self.base) + 1:])]
+        flat = [p for p in self._listing(self.base, recursive=True) if _FLAT_PART_RE.fullmatch(p[len(self.base) + 1:])]
         return sorted(flat + self._fleet_files(None, None))
 
 
