@@ -87,3 +87,44 @@ def test_a_large_tokens_file_reads_back_over_s3(big_file, s3_endpoint):
     expected = duckdb.sql(QUERY.format(big_file)).fetchall()
     for _ in range(3):
         assert con.sql(QUERY.format(f"{store.scheme}://{key}")).fetchall() == expected
+
+
+class _CountingFs:
+    """The local filesystem as the wrapper uses it, counting what would be a request on an object store
+    (a HEAD per path asked about or file opened; a LIST per selector, not counted)."""
+
+    type_name = "counting"
+
+    def __init__(self):
+        self.fs, self.heads, self.opens = pafs.LocalFileSystem(), 0, 0
+
+    def get_file_info(self, what):
+        if not isinstance(what, pafs.FileSelector):
+            self.heads += len(what) if isinstance(what, list) else 1
+        return self.fs.get_file_info(what)
+
+    def open_input_file(self, path):
+        self.opens += 1
+        return self.fs.open_input_file(path)
+
+
+def test_repeated_queries_open_and_ask_about_each_file_once(tmp_path):
+    """DuckDB asks every file's size and time and opens it on every query; the wrapper answers from the
+    listing and keeps the opened file, until a listing shows the file changed."""
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for i in range(3):
+        pq.write_table(_tokens(2_000, seed=i), folder / f"part-{i}.parquet")
+    handler = _CountingFs()
+    con = duckdb.connect()
+    con.register_filesystem(duckdb_filesystem(handler, "counted"))
+    query = QUERY.format(f"counted://{folder}/part-*.parquet")
+    expected = duckdb.sql(QUERY.format(f"{folder}/part-*.parquet")).fetchall()
+    assert con.sql(query).fetchall() == expected
+    first = handler.heads
+    for _ in range(3):
+        assert con.sql(query).fetchall() == expected
+    assert handler.opens == 3 and handler.heads == first <= 1   # the glob's folder, at most
+    pq.write_table(_tokens(3_000, seed=9), folder / "part-1.parquet")   # rewritten: another size
+    assert con.sql(query).fetchall() == duckdb.sql(QUERY.format(f"{folder}/part-*.parquet")).fetchall()
+    assert handler.opens == 4

@@ -232,6 +232,10 @@ def test_runs_tables_and_version_track_contents(tmp_path):
     v2 = store.version()
     (tmp_path / "gaps" / "run_id=a" / ".part-x.parquet.tmp").write_bytes(b"partial")
     assert store.version() == v2  # tmp files do not count
+    store.stage("requests", "a", [required_row("requests")], "b1")   # staged: not visible, not a table yet
+    assert store.flat_tables() == ["gaps", "steps"]
+    store.commit_staged("requests", "a", "b1")
+    assert store.flat_tables() == ["gaps", "requests", "steps"]
 
 
 def test_upsert_run_sorts_after_a_file_from_the_future(tmp_path):
