@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from dspark_obs.acceptance import mode_block_accept
 from dspark_obs.estimators import pairing, sampling
-from dspark_obs.estimators.ceiling.evidence import align_requests, padded_lists, token_index
+from dspark_obs.estimators.ceiling.evidence import align_requests, padded_lists, token_index, used_cells
 from dspark_obs.estimators.chunks import ALL, Chunk
 
 __all__ = ["fetch", "column_array", "codes", "run_meta", "truth_of", "run_rids", "run_gamma", "load_steps",
@@ -164,7 +164,7 @@ def check_alignment_share(run_id: str, bad: int, checked: int) -> None:
 
 
 def aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, correct: np.ndarray,
-                      chunk: Chunk = ALL) -> AlignedChunk:
+                      chunk: Chunk = ALL, cells: np.ndarray | None = None) -> AlignedChunk:
     """Evidence per drafted position, the requests whose tokens do not line up, and natural ends.
 
     Output position of ``d_1`` = ``prefix_len - prompt_tokens + 1``; a missing
@@ -195,7 +195,8 @@ def aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, corr
     completion = column_array(steps, "completion_tokens", np.int64, -1)
     stop = pc.fill_null(pc.equal(steps.column("finish_reason"), "stop"), False).to_numpy(zero_copy_only=False)
     al = align_requests(index, code, n_req, first_pos, drafts, correct, column_array(steps, "bonus_token", np.int64, -1),
-                        token_counts=np.bincount(tcode, minlength=n_req + 1)[slot], completion=completion, stop=stop)
+                        token_counts=np.bincount(tcode, minlength=n_req + 1)[slot], completion=completion, stop=stop,
+                        cells=cells)
     bad_codes = np.flatnonzero(al.misaligned[:-1])
     names = np.asarray(rids.to_pylist(), dtype=object)[bad_codes]
     return AlignedChunk(al.evidence, [str(r) for r in names], al.natural_end, code, rids, bad_codes, n_req,
@@ -298,5 +299,5 @@ def load_inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None, *, infe
     correct = column_array(steps, "correct_drafts", np.int64, 0)
     temp, kind, source = _sampling(steps, inferred, temperature)
     greedy = kind == sampling.GREEDY   # unknown sampling: the sampled rule
-    aligned = aligned_evidence(con, run_id, steps, drafts, correct, chunk)
+    aligned = aligned_evidence(con, run_id, steps, drafts, correct, chunk, used_cells(window, correct, greedy, gamma))
     return ChunkInputs(steps, drafts, conf, window, correct, greedy, aligned, temp, kind, source), mode, gamma
