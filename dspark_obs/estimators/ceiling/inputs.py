@@ -256,8 +256,19 @@ class InferredSampling:
 _OVERRIDES_SQL = "SELECT rid, temperature FROM sampling_overrides WHERE run_id = $run ORDER BY rid NULLS LAST"
 
 
+_UNRECORDED_SQL = """
+SELECT count(*) FROM (SELECT DISTINCT rid FROM step_reqs WHERE run_id = $run AND rid IS NOT NULL) AS s
+WHERE s.rid NOT IN (SELECT rid FROM requests WHERE run_id = $run AND rid IS NOT NULL AND temperature IS NOT NULL)
+"""
+_NO_EVIDENCE = pa.table({"rid": pa.array([], pa.string()), "n_topk": pa.array([], pa.int64()),
+                         "n_top1": pa.array([], pa.int64()), "log_p_top1": pa.array([], pa.float64())})
+
+
 def infer_sampling(con, run_id: str, alpha: float) -> InferredSampling:
-    evidence = fetch(con, sampling.TOKEN_EVIDENCE_SQL, {"run": run_id})
+    """The run's sampling evidence; its tokens' top-k are read (a pass over the run's tokens) only when
+    some request recorded no temperature: a recorded one decides, whatever the tokens say."""
+    unrecorded = con.sql(_UNRECORDED_SQL, params={"run": run_id}).fetchall()[0][0]
+    evidence = fetch(con, sampling.TOKEN_EVIDENCE_SQL, {"run": run_id}) if unrecorded else _NO_EVIDENCE
     log_p = column_array(evidence, "log_p_top1", np.float64, 0.0)
     kinds = sampling.infer_greedy(column_array(evidence, "n_topk", np.int64, 0), column_array(evidence, "n_top1", np.int64, 0),
                                   log_p, alpha=alpha)
