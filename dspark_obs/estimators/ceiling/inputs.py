@@ -186,7 +186,8 @@ def aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, corr
 
     tokens = fetch(con, _TOKENS_SQL.format(tokens_rid=chunk.on("rid")), {"run": run_id, **chunk.params})
     tcode, _ = codes(tokens.column("rid"), rids)
-    tokens, tcode = tokens.filter(pa.array(tcode >= 0)), tcode[tcode >= 0]
+    if (tcode < 0).any():  # tokens of requests without steps here (a copy of their top-k lists: only then)
+        tokens, tcode = tokens.filter(pa.array(tcode >= 0)), tcode[tcode >= 0]
     index = token_index(tcode, column_array(tokens, "pos", np.int64, -1), column_array(tokens, "token_id", np.int64, -1),
                         logprob=column_array(tokens, "logprob", np.float64, np.nan),
                         top_ids=padded_lists(tokens.column("top_ids"), fill=-1),
