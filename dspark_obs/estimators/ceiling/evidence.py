@@ -18,7 +18,10 @@ temperature-scaled logprobs unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set
 (``sglang/srt/layers/sampler.py``), and the emulator does the same.
 
 Everything is vectorised: requests become integer codes, tokens are sorted by
-``(code, pos)`` and looked up with one ``searchsorted``.
+``(code, pos)`` and looked up by offset (a binary search for requests with gaps).
+The target probabilities are looked up only where a caller reads them
+(:func:`used_cells`: sampled steps' verified drafts and censored steps' drafts),
+which is where the top-k comparison, the costly part, is needed.
 """
 
 from __future__ import annotations
