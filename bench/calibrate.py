@@ -5,6 +5,7 @@
 On one generated store (``bench.gen_store``, estimated once with ``dspark-obs
 estimate`` so that the reconstructed labels exist), each command runs as its
 own process (start-up included) from this tree and from the baseline tree
+(the report once untimed first, so that both find the stages it runs when missing)
 (``PYTHONPATH`` pointing at each), interleaved and alternating which goes
 first, ``repeat`` times.  Rows/s is request-step rows per CPU second of the
 process (user + system, all its threads and waited-for children), with the wall
@@ -93,6 +94,9 @@ def run(*, rows: int, workdir: str, baseline: str, repeat: int = 3, report: bool
     if report:
         commands["report"] = lambda side: ["report", "--data", root, "--run", "bench", "--no-png", "--no-history",
                                            "--out", os.path.join(workdir, f"report-{side}"), *extra]
+    if report:   # the report runs the stages a store lacks (the cost model): once, untimed, so both sides find them
+        cmd, env = _cli(str(ROOT))
+        run_process(cmd + commands["report"]("warmup"), repeat=1, env=env, timeout=7200)
     res: dict = {"calibrate.rows": n, "calibrate.machine": machine()}
     times: dict = {(c, s): {"cpu": [], "wall": []} for c in commands for s in sides}
     outputs: dict = {}

@@ -38,7 +38,8 @@ Where the truth comes from (``labels``):
 :func:`load_events` reads a run's predictions and labels as :class:`RunEvents`
 (arrays, no metrics); :func:`events_query` and :func:`events_sql` give its SQL to
 :mod:`dspark_obs.estimators.calibration.chunks`, which reads a large run a chunk
-of whole requests at a time.
+of whole requests at a time, the observed and reconstructed labels of a chunk from
+one read (``events_query(..., outer=True)``, :func:`split_outer`).
 """
 
 from __future__ import annotations
