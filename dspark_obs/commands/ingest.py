@@ -70,6 +70,10 @@ def ingest(
     form feed); the body only checks them and calls the library.
     """
     # at call time: the CLI imports every command module to declare its options
+    from dspark_obs.arrow_startup import keep_pandas_out
+
+    keep_pandas_out()  # first, before any Arrow array: the importers never hand pyarrow a pandas object
+    # at call time: the CLI imports every command module to declare its options
     from collectors.importers import now
     from collectors.workloads import WorkloadResolver
     from dspark_obs.store import open_store
