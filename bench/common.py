@@ -143,7 +143,8 @@ def fmt_rate(x: float | None) -> str:
     return f"{x:.1f}/s"
 
 
-def run_process(cmd: list[str], *, repeat: int, timeout: float = 1800, env: dict | None = None) -> dict:
+def run_process(cmd: list[str], *, repeat: int, timeout: float = 1800, env: dict | None = None,
+                cwd: str | Path = ROOT) -> dict:
     """CPU seconds (user + system, all threads), wall seconds and peak RSS of ``cmd`` run as a process.
 
     The figures of the command users run: its start-up and imports count.
@@ -159,7 +160,7 @@ def run_process(cmd: list[str], *, repeat: int, timeout: float = 1800, env: dict
     for _ in range(repeat):
         with tempfile.TemporaryFile() as err:
             w0 = time.perf_counter()
-            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
+            proc = subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.DEVNULL, stderr=err,
                                     env={**os.environ, **(env or {})})
             hwm = 0.0
             while True:

@@ -17,6 +17,15 @@ Per store size (``bench.gen_store``, generated in a child process):
 
 The scaling exponent is the slope of log(CPU seconds) on log(rows) of
 ``estimate`` + ``calibrate`` over the sizes (1 = linear).
+
+**Before/after** (``python -m bench.estimate --baseline DIR``): the shipped
+``dspark-obs estimate`` (its defaults, request bootstrap included) with
+``--jobs 1`` and ``--jobs 2`` on one generated store, this tree's code and
+the code in ``DIR`` (e.g. ``git archive main | tar -x -C DIR``) run in turn,
+interleaved, each its own process; it prints rows per CPU second (user +
+system of the process and its workers), wall rows/s, peak memory, the
+machine's load around every run, and the largest difference of the two
+codes' ``lo``/``mid``/``hi``.
 """
 
 from __future__ import annotations
@@ -26,7 +35,9 @@ import time
 
 import numpy as np
 
-from bench.common import run_child, run_process
+from pathlib import Path
+
+from bench.common import ROOT, run_child, run_process
 
 
 def _arrays(root: str, max_rows: int):
@@ -218,3 +229,95 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
             res["estimate.ratio"] = round(res["estimate.rows_per_s"] / res["estimate.baseline_rows_per_s"], 2)
             res["estimate.core_matches_loop"] = c["same"]
     return res
+
+
+def _estimate_once(tree: str, root: str, jobs: int) -> dict:
+    """One ``dspark-obs estimate --jobs N`` process with the package of ``tree``; its figures and the load."""
+    import sys
+
+    cmd = [sys.executable, "-m", "dspark_obs.cli", "estimate", "--data", root, "--run", "bench", "--jobs", str(jobs)]
+    load = os.getloadavg()[0]
+    r = run_process(cmd, repeat=1, timeout=7200, cwd=tree, env={"PYTHONPATH": tree})
+    if "error" in r:
+        raise RuntimeError(f"{tree}: {r['error']}")
+    return {"cpu": r["cpu"][0], "wall": r["wall"][0], "peak_mb": r["peak_rss_mb"],
+            "load": round((load + os.getloadavg()[0]) / 2, 2)}
+
+
+def _ceiling_columns(root: str) -> dict:
+    import pyarrow.compute as pc
+
+    from dspark_obs.store import Store
+
+    table = Store(root).read("ceiling", "bench")
+    table = table.sort_by([("rid", "ascending"), ("prefix_len", "ascending"), ("dp_rank", "ascending"),
+                           ("forward_ct", "ascending")])
+    return {c: pc.fill_null(table.column(c), float("nan")).to_numpy() for c in ("lo", "mid", "hi")}
+
+
+def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1, 2)) -> dict:
+    """Both codes' ``estimate`` on ``root``, interleaved (the order flips each round); medians per code and jobs."""
+    import statistics
+
+    trees = {"before": str(Path(baseline).resolve()), "after": str(ROOT)}
+    runs: dict = {(name, j): [] for name in trees for j in jobs}
+    columns = {}
+    for i in range(repeat):
+        for name in (("before", "after") if i % 2 == 0 else ("after", "before")):
+            for j in jobs:
+                runs[(name, j)].append(_estimate_once(trees[name], root, j))
+                print(f"  round {i + 1} {name} --jobs {j}: {runs[(name, j)][-1]}", flush=True)
+            if i == repeat - 1 or i == repeat - 2:
+                columns[name] = _ceiling_columns(root)
+    rows = _store_rows(root)
+    out = {"rows": rows, "repeat": repeat}
+    for (name, j), rs in runs.items():
+        cpu = statistics.median(r["cpu"] for r in rs)
+        wall = statistics.median(r["wall"] for r in rs)
+        out[f"{name}.jobs{j}"] = {"cpu_s": round(cpu, 2), "rows_per_cpu_s": round(rows / cpu),
+                                  "wall_s": round(wall, 2), "wall_rows_per_s": round(rows / wall),
+                                  "peak_mb": round(max(r["peak_mb"] for r in rs)), "load": [r["load"] for r in rs]}
+    for j in jobs:
+        out[f"speedup.jobs{j}.cpu"] = round(out[f"before.jobs{j}"]["cpu_s"] / out[f"after.jobs{j}"]["cpu_s"], 2)
+        out[f"speedup.jobs{j}.wall"] = round(out[f"before.jobs{j}"]["wall_s"] / out[f"after.jobs{j}"]["wall_s"], 2)
+    if len(jobs) > 1:
+        out["after.jobs_wall_gain"] = round(out[f"after.jobs{jobs[0]}"]["wall_s"] / out[f"after.jobs{jobs[-1]}"]["wall_s"], 2)
+    out["max_abs_diff"] = {c: float(np.nanmax(np.abs(columns["before"][c] - columns["after"][c]), initial=0.0))
+                           for c in ("lo", "mid", "hi")}
+    return out
+
+
+def _store_rows(root: str) -> int:
+    import pyarrow.dataset as ds
+
+    return ds.dataset(os.path.join(root, "step_reqs"), format="parquet").count_rows()
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    import json
+
+    from bench.common import machine
+
+    ap = argparse.ArgumentParser(description="dspark-obs estimate, this tree against a baseline tree, as processes")
+    ap.add_argument("--baseline", required=True, help="a source tree of the code to compare with (e.g. main's)")
+    ap.add_argument("--rows", type=int, default=1_000_000, help="request-step rows of the generated store")
+    ap.add_argument("--store", help="use (or generate once into) this store; default: a temporary one")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--jobs", default="1,2", help="the --jobs values to time, comma-separated")
+    args = ap.parse_args(argv)
+    import tempfile
+
+    root = args.store or os.path.join(tempfile.mkdtemp(prefix="bench-estimate-"), f"store-{args.rows}")
+    if not os.path.isdir(os.path.join(root, "step_reqs")):
+        info = run_child("bench.estimate:generate_store", timeout=3600, root=root, rows=args.rows)
+        if "error" in info:
+            raise SystemExit(f"generating the store: {info['error']}")
+    print(f"machine: {machine()}", flush=True)
+    res = before_after(root, args.baseline, repeat=args.repeat, jobs=tuple(int(j) for j in args.jobs.split(",")))
+    print(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

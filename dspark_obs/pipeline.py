@@ -112,17 +112,21 @@ def _calibrate(store, plan: Plan, notes: list[str]) -> None:
     if kinds and plan.only_missing:
         present = {k for k, in _connect(store).sql("SELECT DISTINCT labels FROM calibration WHERE run_id = $run",
                                                    params={"run": plan.run}).fetchall()}
-    for kind in kinds:
-        if kind in present:
-            continue
-        try:
-            calibration.calibrate_run(store, plan.run, labels=kind, companion=plan.companion,
-                                      n_bootstrap=plan.n_bootstrap, seed=plan.seed, engine=plan.engine)
-            notes.append(f"{plan.run}: calibrated with {kind} labels (dspark-obs calibrate)")
-        except ValueError as exc:  # CalibrationDataError is a ValueError
+    missing = [kind for kind in kinds if kind not in present]
+    if not missing:
+        return
+    try:  # every chunk read once for all the missing kinds
+        results = calibration.calibrate_kinds(store, plan.run, missing, companion=plan.companion,
+                                              n_bootstrap=plan.n_bootstrap, seed=plan.seed, engine=plan.engine)
+    except ValueError as exc:  # an option or the store itself: every kind
+        results = {kind: exc for kind in missing}
+    for kind, result in results.items():
+        if isinstance(result, ValueError):  # CalibrationDataError is a ValueError
             if not plan.tolerate_errors:
-                raise
-            notes.append(f"{plan.run}: {kind} calibration unavailable: {exc}")
+                raise result
+            notes.append(f"{plan.run}: {kind} calibration unavailable: {result}")
+        else:
+            notes.append(f"{plan.run}: calibrated with {kind} labels (dspark-obs calibrate)")
 
 
 def _costmodel(store, plan: Plan, notes: list[str]) -> None:

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from dspark_obs import sql
@@ -75,12 +79,46 @@ def test_weights_of_a_chunk_are_the_one_pass_columns():
     assert abs(whole.mean() - 1.0) < 0.02 and abs(whole.var() - 1.0) < 0.05   # Poisson(1)
 
 
-def test_plan_counts_labelled_steps_per_unit(generated):
+def test_plan_counts_labelled_steps_per_request(generated):
     con = sql.connect(generated.root)
     plan = plan_run(con, "bench", labels="observed", companion=None, chunk_rows=800)
     assert len(plan.chunks) > 5 and plan.labelled == plan.total == int(plan.rid_rows.sum())
-    assert list(plan.units) == sorted(plan.units) and len(plan.rids) == len(plan.units)
+    assert plan.rids == sorted(plan.rids) and len(plan.rids) == len(plan.rid_rows) == len(set(plan.rids))
+    # every step has a ceiling estimate here: the reconstructed labels are counted on the ceiling, per request
+    rec = plan_run(con, "bench", labels="reconstructed", companion=None, chunk_rows=800)
+    assert rec.rids == plan.rids and rec.rid_rows.tolist() == plan.rid_rows.tolist() and rec.source == "ceiling"
     with pytest.raises(cal.CalibrationDataError, match="no request-steps for run 'nope'"):
         cal.calibrate_run(con, "nope", chunk_rows=800)
     with pytest.raises(cal.CalibrationDataError, match="no companion step|no cap-accept companion"):
         plan_run(con, "bench", labels="companion", companion=None, chunk_rows=800)
+
+
+@pytest.mark.parametrize("chunk_rows", [None, 700])
+def test_kinds_read_together_give_each_kind_s_own_tables(generated, chunk_rows):
+    """Observed and reconstructed labels from one read of each chunk equal each kind calibrated alone."""
+    kw = dict(n_bootstrap=25, seed=3, write=False, chunk_rows=chunk_rows, sample_rows=2000)
+    both = cal.calibrate_kinds(generated, "bench", ("observed", "reconstructed", "companion"), **kw)
+    assert isinstance(both["companion"], cal.CalibrationDataError)   # no companion run: that kind alone fails
+    for kind in ("observed", "reconstructed"):
+        alone = cal.calibrate_run(generated, "bench", labels=kind, **kw)
+        assert both[kind].summary.equals(alone.summary) and both[kind].bins.equals(alone.bins), kind
+        assert both[kind].notes == alone.notes
+
+
+def test_a_ceiling_missing_steps_or_holding_one_twice_still_gives_each_kind_its_own_tables(tmp_path, generated):
+    """A ceiling that misses some steps (or holds one twice) still gives each kind its own tables."""
+    root = tmp_path / "partial"
+    shutil.copytree(generated.root, root)
+    store = Store(root)
+    ceiling = store.read("ceiling", "bench").drop_columns(["run_id"])
+    keep = pc.not_equal(pc.bit_wise_and(ceiling.column("forward_ct"), 7), 3)   # an eighth of the steps lose it
+    for table in (ceiling.filter(keep), pa.concat_tables([ceiling, ceiling.slice(0, 40)])):
+        store.drop_run("ceiling", "bench")
+        store.write("ceiling", "bench", table)
+        kw = dict(n_bootstrap=20, seed=1, write=False, chunk_rows=900, sample_rows=1800)
+        both = cal.calibrate_kinds(store, "bench", ("observed", "reconstructed"), **kw)
+        for kind in ("observed", "reconstructed"):
+            alone = cal.calibrate_run(store, "bench", labels=kind, **kw)
+            assert both[kind].summary.equals(alone.summary) and both[kind].bins.equals(alone.bins), kind
+            assert both[kind].notes == alone.notes
+

@@ -64,3 +64,23 @@ def test_chunked_resampling_draws_the_same_resamples_as_one_draw(monkeypatch):
     chunked = resampling.resampled_metrics(y, p, groups, n_groups=40, n_resamples=90, seed=4)
     for metric in resampling.METRICS:
         assert chunked[metric] == pytest.approx(whole[metric], nan_ok=True)
+
+
+def test_weights_kept_for_the_next_position_and_coarser_levels_change_no_figure(monkeypatch):
+    """The report draws each resample's weights once for all positions and counts each position's sums once:
+    the figures are those of resampled_metrics at every position."""
+    rng = np.random.default_rng(2)
+    groups = rng.integers(0, 50, 4000)
+    monkeypatch.setattr(resampling, "_CELLS_PER_CHUNK", 64 * 9)  # 9 resamples per block of 64 levels
+    weights = resampling.ResampleWeights(50, 40, 6)
+    drawn = []
+    monkeypatch.setattr(resampling, "group_weights", lambda *a, **k: drawn.append(a) or group_weights(*a, **k))
+    for k in range(3):   # positions: scores with more distinct values than the AUROC levels
+        p = np.round(rng.random(4000), 5)
+        y = (rng.random(4000) < p).astype(float)
+        want = resampling.resampled_metrics(y, p, groups, n_groups=50, n_resamples=40, seed=6, auroc_levels=64)
+        sums = resampling.RequestSums(y, p, groups, n_groups=50).with_auroc_levels(64)
+        got = resampling.resampled_sums(sums, weights)
+        for metric in resampling.METRICS:
+            np.testing.assert_array_equal(got[metric], want[metric], err_msg=f"{metric} at position {k}")
+        assert len(drawn) == 5 * (k + 2)   # resampled_metrics draws its own; the kept weights are drawn once

@@ -144,3 +144,53 @@ def test_the_estimate_equals_the_previous_implementation_on_a_generated_store(sm
     row = r.summary.to_pylist()[0]
     floats = [row[k] for k in sorted(row) if isinstance(row[k], float)]
     assert floats == pytest.approx(PINNED[variant]["summary_star"], rel=1e-12)
+
+
+def test_token_lookup_by_arithmetic_finds_the_rows_a_binary_search_finds():
+    """Gapless requests are looked up by offset, requests with gaps (and misses) by search: the same rows."""
+    from dspark_obs.estimators.ceiling.evidence import token_index
+
+    rng = np.random.default_rng(5)
+    codes, pos = [], []
+    for c in range(40):
+        n = int(rng.integers(0, 30))
+        p = np.arange(n) + int(rng.integers(0, 3))            # gapless, from 0, 1 or 2
+        if c % 3 == 0 and n > 4:
+            p = np.delete(p, rng.integers(1, n - 1, 2))       # with gaps
+        codes += [c] * p.size
+        pos += p.tolist()
+    index = token_index(np.array(codes), np.array(pos), np.arange(len(codes)))
+    q_code = rng.integers(-1, 45, (3000, 6))
+    q_pos = rng.integers(-2, 35, (3000, 6))
+    row, found = index.find(q_code, q_pos)
+    key = np.where((q_pos >= 0) & (q_pos < index.stride) & (q_code >= 0), q_code * index.stride + q_pos, -1)
+    at = np.clip(np.searchsorted(index.key, key), 0, index.key.size - 1)
+    want = (key >= 0) & (index.key[at] == key)
+    assert found.any() and (~found).any() and index._runs[3][:-1].sum() < 40   # both paths taken
+    assert np.array_equal(found, want) and np.array_equal(row, np.where(want, at, 0))
+
+
+def test_evidence_of_the_used_cells_is_the_full_evidence_there():
+    from dspark_obs.estimators.ceiling.evidence import draft_evidence, token_index, used_cells
+
+    rng = np.random.default_rng(6)
+    t, k, n, gamma = 400, 3, 300, 4
+    ids = rng.integers(10, 20, t)
+    top = rng.integers(10, 20, (t, k))
+    top[rng.random(t) < 0.1] = -1                                  # no top-k at some positions
+    index = token_index(np.zeros(t), np.arange(t), ids, logprob=np.log(rng.uniform(0.1, 1, t)), top_ids=top,
+                        top_logprobs=np.log(rng.uniform(0.01, 1, (t, k))).astype(np.float32))
+    window = rng.integers(1, gamma + 1, n)
+    correct = np.minimum(window, rng.integers(0, gamma + 1, n))
+    greedy = rng.random(n) < 0.4
+    first = rng.integers(0, t - 2, n)
+    drafts = np.where(rng.random((n, gamma)) < 0.5, ids[np.minimum(first[:, None] + np.arange(gamma), t - 1)],
+                      rng.integers(10, 20, (n, gamma)))
+    cells = used_cells(window, correct, greedy, gamma)
+    full = draft_evidence(index, np.zeros(n), first, drafts)
+    part = draft_evidence(index, np.zeros(n), first, drafts, cells=cells, chunk_rows=128)
+    assert cells.any() and (~cells).any() and np.array_equal(part.realised, full.realised)
+    for name in ("p_draft", "p_topk", "topk_state"):
+        a, b = getattr(part, name), getattr(full, name)
+        assert np.array_equal(a[cells], b[cells], equal_nan=True), name
+    assert np.isnan(part.p_draft[~cells]).all() and (part.topk_state[~cells] == 0).all()

@@ -20,11 +20,9 @@ PAGES = {
     "overview": (["Accepted vs full-block ceiling per workload", "ECE of survival S_k by draft position"], 2),
     "ceiling": (["Accepted vs full-block ceiling per workload", "Acceptance by draft position",
                  "Estimate categories per workload", "Estimated vs true full-block acceptance"], 2),
-    "windows": (["Mean verify window per workload", "Per-step verify-window distribution per workload",
-                 "Utilisation against the ceiling per workload", "Utilisation against the ceiling by window",
-                 "Verify budget and batch size over the run"], 1),
-    "calibration": (["Reliability of survival S_k per draft position", "Calibration by draft position",
-                     "Recalibration, held out: ECE", "Recalibration, held out: Brier", "STS: ECE per position"], 1),
+    "windows": (["Mean verify window per workload", "Per-step verify-window distribution per workload"], 1),
+    "calibration": (["Reliability of survival S_k per draft position", "Recalibration, held out: ECE",
+                     "STS: ECE per position"], 1),
     "costmodel": (["Step time: measured cells vs the fitted additive model", "Predicted vs measured step time",
                    "Residuals by batch size", "Step-time error by batch size"], 1),
     "throughput": (["Total throughput vs per-user speed", "Per-user speed by workload and concurrency",
@@ -175,6 +173,47 @@ def test_ceiling_page_draws_one_estimate_vs_truth_view_at_a_time(sample_root, mo
         assert at.query_params["ceil_val"] in (view, [view])  # the view is in the URL, to be shared
     at.segmented_control(key="url-ceil_val").set_value("estimate vs truth").run()
     assert shown() == [validation[0]] and "ceil_val" not in at.query_params
+
+
+# page -> (the view's URL key, {view: the charts it draws}); the first view is the default
+VIEWS = {
+    "windows": ("win_view", {
+        "windows": ["Mean verify window per workload", "Per-step verify-window distribution per workload"],
+        "utilisation": ["Utilisation against the ceiling per workload", "Utilisation against the ceiling by window"],
+        "budget over time": ["Verify budget and batch size over the run"]}),
+    "calibration": ("cal_view", {
+        "reliability diagram": ["Reliability of survival S_k per draft position", "Recalibration, held out: ECE",
+                                "STS: ECE per position"],
+        "metrics by position": ["Calibration by draft position", "Recalibration, held out: ECE",
+                                "STS: ECE per position"]}),
+}
+
+
+@pytest.mark.parametrize("page", sorted(VIEWS))
+def test_pages_with_views_draw_one_view_at_a_time(sample_root, page, monkeypatch):
+    key, views = VIEWS[page]
+    at = _open(_app(sample_root, monkeypatch), page)
+    known = {w for titles in views.values() for w in titles}
+    drawn = lambda: [w for t in _chart_titles(at) for w in sorted(known) if t.startswith(w)]  # noqa: E731
+    default = next(iter(views))
+    assert drawn() == views[default] and len(at.get("plotly_chart")) == len(views[default])
+    for view, titles in list(views.items())[1:]:
+        at.segmented_control(key=f"url-{key}").set_value(view).run()
+        _assert_clean(at)
+        assert drawn() == titles and len(at.get("plotly_chart")) == len(titles), (view, _chart_titles(at))
+        assert at.query_params[key] in (view, [view])  # the view is in the URL, to be shared
+    at.segmented_control(key=f"url-{key}").set_value(default).run()
+    assert drawn() == views[default] and key not in at.query_params  # the default leaves the URL plain
+
+
+def test_held_out_recalibration_draws_one_metric_at_a_time(sample_root, monkeypatch):
+    at = _open(_app(sample_root, monkeypatch), "calibration")
+    recal = lambda: [t for t in _chart_titles(at) if t.startswith("Recalibration, held out")]  # noqa: E731
+    assert [t.split(":")[1].split()[0] for t in recal()] == ["ECE"]
+    at.segmented_control(key="url-recal_metric").set_value("brier").run()
+    _assert_clean(at)
+    assert [t.split(":")[1].split()[0] for t in recal()] == ["Brier"]
+    assert at.query_params["recal_metric"] in ("brier", ["brier"])
 
 
 def test_calibration_page_draws_the_bin_counts_row_on_request(sample_root, monkeypatch):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from collectors.importers.documents import Document, iter_documents, iter_json_documents  # noqa: F401 (re-exported)
 from dspark_obs import schema
@@ -32,10 +33,20 @@ class ImportResult:
     gaps: int = 0
     rids: set[str] = field(default_factory=set)  # request ids seen (for workload rows)
     meta: dict[str, Any] = field(default_factory=dict)
+    rid_columns: list[pa.Array] = field(default_factory=list)  # more request ids seen, unique per column, as Arrow
 
     @property
     def total_rows(self) -> int:
         return sum(self.rows.values())
+
+    def add_rids(self, column: pa.ChunkedArray | pa.Array) -> None:
+        """Note the request ids of a column of rows, kept as Arrow (no Python string per row)."""
+        self.rid_columns.append(pc.unique(column).drop_null())
+
+    def seen_rids(self) -> pa.Array:
+        """Every request id seen, once, as an Arrow string array."""
+        parts = [pa.array(sorted(r for r in self.rids if r is not None), pa.string())] + [c.cast(pa.string()) for c in self.rid_columns]
+        return pc.unique(pa.concat_arrays(parts))
 
 
 def now() -> dt.datetime:

@@ -11,7 +11,8 @@ memory stays at about one document, however long the line.
 
 With ``decode`` (the caller's one decoder, e.g. ``decode_server_info``), a
 whole line already in the buffer goes to it first and comes back with its
-value: for a file of one document per line that is the only parse.  A line
+value: for a file of one document per line that is the only parse, and the
+document is not copied out of the read buffer (``data`` is a memoryview).  A line
 ``decode`` refuses (two documents run together, text that is not JSON, a
 document of another kind) is split by the scan as above.
 
@@ -40,7 +41,7 @@ class Document:
     """One JSON document of a file: ``data`` (standard JSON bytes) or ``error`` (with ``text``)."""
 
     line: int  # 1-based line on which the document starts
-    data: Optional[bytes]
+    data: Optional[bytes | memoryview]  # a view of the read buffer (no copy) when ``decode`` read the line
     error: Optional[str] = None
     text: str = ""  # the document's text when it is not JSON (for a dead letter)
     parsed: Any = None  # the stdlib's values, for a document only it reads (they keep NaN and infinities)
@@ -79,8 +80,9 @@ def iter_documents(path: str | Path, chunk_bytes: int = CHUNK_BYTES,
             if decode is not None:
                 whole = _decoded_line(buf, eof, decode)
                 if whole is not None:
-                    stop, data, value = whole
-                    yield Document(line, data, decoded=value)
+                    stop = whole[0]
+                    yield Document(line, whole[1], decoded=whole[2])
+                    whole = None  # let the caller free the document before the next one is read and decoded
                     typical = max(typical, stop)
                     buf = buf[stop:]
                     continue
@@ -132,7 +134,7 @@ def _decoded_line(buf: bytes, eof: bool, decode: Callable[[bytes], Any]) -> Opti
     end = stop
     while end and buf[end - 1] in _WHITESPACE:
         end -= 1
-    data = buf[:end] if end < len(buf) else buf
+    data = memoryview(buf)[:end]  # not a slice: that would copy the document
     try:
         return stop, data, decode(data)
     except (ValueError, TypeError, OverflowError):  # msgspec's errors are ValueErrors; the scan decides

@@ -13,7 +13,6 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from collectors.importers import ImportResult, TableSink, iter_documents, now
 from collectors.sglang.cursor import ForwardCursor
@@ -27,41 +26,48 @@ def import_server_info(store, run_id: str, path: str | Path) -> ImportResult:
     cursor = ForwardCursor()
     source = f"server-info:{Path(path).name}"
     for doc in iter_documents(path, decode=decode_server_info):  # one parse per body, where it is one line
-        line, body = doc.line, doc.data
-        try:
-            if doc.error is not None:
-                raise PayloadError(doc.error)
-            info = doc.decoded if doc.decoded is not None else decode_server_info(body)
-        except (PayloadError, TypeError, ValueError, OverflowError) as exc:
-            sink.dead(f"{source}:{line}", str(exc), doc.text or body[:65536].decode("utf-8", "replace"))
-            continue
-        if "args" not in result.meta:
-            first = next((r for r in info.ranks if r.gamma or r.mode), None)
-            args = server_args(body)
-            result.meta.update(args=json.dumps(args, default=str)[:1_000_000], dp_size=len(info.ranks),
-                               mode=first.mode if first else None, gamma=first.gamma if first else None,
-                               version=info.version if isinstance(info.version, str) else None,
-                               startup_time=info.startup_time)
-        delta = cursor.advance(info)
-        for rank in info.ranks:
-            for reason, raw in rank.dead:
-                sink.dead(f"{source}:{line}", reason, raw.decode("utf-8", "replace"))
-        if delta.gaps:
-            result.gaps += len(delta.gaps)
-            sink.add_table("gaps", pa.Table.from_pylist([{
-                "dp_rank": g.dp_rank, "first_missing_forward_ct": g.first_missing_forward_ct,
-                "last_missing_forward_ct": g.last_missing_forward_ct, "reason": g.reason, "segment": g.segment,
-                "detected_at": now()} for g in delta.gaps], schema=schema.schema_for("gaps")))
-        ranks = {r.dp_rank: r for r in info.ranks}
-        for dp_rank, records in delta.new.items():
-            rank = ranks[dp_rank]
-            offset = len(rank.records) - len(records)
-            steps, reqs, dead = records_to_tables_safe(records, rank.raws[offset:], dp_rank=dp_rank,
-                                                       segment=cursor.segment)
-            for reason, raw in dead:
-                sink.dead(f"{source}:{line}", reason, raw.decode("utf-8", "replace"))
-            sink.add_table("steps", steps)
-            sink.add_table("step_reqs", reqs)
-            result.rids.update(r for r in pc.unique(reqs.column("rid")).to_pylist() if r is not None)
+        _import_body(doc, sink, cursor, f"{source}:{doc.line}")
+        del doc  # free this body and its records before the next one is read and decoded
     sink.close()
     return result
+
+
+def _import_body(doc, sink: TableSink, cursor: ForwardCursor, source: str) -> None:
+    """One body's new records into ``steps`` and ``step_reqs``, its losses into ``gaps``, its bad parts into
+    dead letters; the body's objects are freed when this returns."""
+    result, body = sink.result, doc.data
+    try:
+        if doc.error is not None:
+            raise PayloadError(doc.error)
+        info = doc.decoded if doc.decoded is not None else decode_server_info(body)
+    except (PayloadError, TypeError, ValueError, OverflowError) as exc:
+        sink.dead(source, str(exc), doc.text or bytes(body[:65536]).decode("utf-8", "replace"))
+        return
+    if "args" not in result.meta:
+        first = next((r for r in info.ranks if r.gamma or r.mode), None)
+        args = server_args(body)
+        result.meta.update(args=json.dumps(args, default=str)[:1_000_000], dp_size=len(info.ranks),
+                           mode=first.mode if first else None, gamma=first.gamma if first else None,
+                           version=info.version if isinstance(info.version, str) else None,
+                           startup_time=info.startup_time)
+    delta = cursor.advance(info)
+    for rank in info.ranks:
+        for reason, raw in rank.dead:
+            sink.dead(source, reason, raw.decode("utf-8", "replace"))
+    if delta.gaps:
+        result.gaps += len(delta.gaps)
+        sink.add_table("gaps", pa.Table.from_pylist([{
+            "dp_rank": g.dp_rank, "first_missing_forward_ct": g.first_missing_forward_ct,
+            "last_missing_forward_ct": g.last_missing_forward_ct, "reason": g.reason, "segment": g.segment,
+            "detected_at": now()} for g in delta.gaps], schema=schema.schema_for("gaps")))
+    ranks = {r.dp_rank: r for r in info.ranks}
+    for dp_rank, records in delta.new.items():
+        rank = ranks[dp_rank]
+        offset = len(rank.records) - len(records)
+        steps, reqs, dead = records_to_tables_safe(records, rank.raws[offset:], dp_rank=dp_rank,
+                                                   segment=cursor.segment)
+        for reason, raw in dead:
+            sink.dead(source, reason, raw.decode("utf-8", "replace"))
+        sink.add_table("steps", steps)
+        sink.add_table("step_reqs", reqs)
+        result.add_rids(reqs.column("rid"))

@@ -214,12 +214,17 @@ def _parse_lists(raws: list[msgspec.Raw], *, integers: bool) -> Optional[tuple[n
         return offsets, pa.array(parsed.astype(np.int32)), valid
     try:
         tokens = pc.split_pattern(pa.array([text], pa.large_binary()), b",").flatten()
-        parsed = pc.cast(tokens.cast(pa.large_string()), pa.float64()).to_numpy()
+        parsed = _numpy(pc.cast(tokens.cast(pa.large_string()), pa.float64()), np.float64)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     if parsed.size != total or np.abs(parsed).max() > _F32_MAX or np.signbit(parsed[parsed == 0]).any():
         return None  # overflow to inf, or a -0 whose JSON spelling decides its sign: the reference knows
     return offsets, pa.array(parsed.astype(np.float32)), valid
+
+
+def _numpy(array: pa.Array, dtype) -> np.ndarray:
+    """The values of a null-free primitive Arrow array as numpy, zero-copy (``to_numpy`` would import pandas)."""
+    return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize)
 
 
 def _attach_lists(records: list[_FastRecord], read_through: Optional[int] = None) -> bool:

@@ -107,26 +107,32 @@ def calibrate(
     ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["calibrate"], ctx=ctx)
     con = sqlmod.connect(data)
     kinds = cal.LABEL_KINDS if labels == "all" else (labels,)
-    results = {}
-    for kind in kinds:
-        try:
-            with step_progress(f"calibrating {run} ({kind} labels)") as progress:
-                result = cal.calibrate_run(con, run, labels=kind, companion=companion, n_bootstrap=bootstrap,
-                                           seed=seed, progress=progress, engine=ray)
-        except cal.CalibrationDataError as exc:
-            if labels == "all" and kind != "observed":
-                err.print(f"[yellow]skipped {kind} labels:[/yellow] {exc}")
-                continue
-            fail(str(exc))
+    if labels == "all":
+        try:  # a cap-accept or static run's observed labels are the full-block truth: the only kind
+            mode, _ = cal.events.run_info(con, run)
         except ValueError as exc:
             fail(str(exc))
+        if mode in ("cap-accept", "static"):
+            kinds = ("observed",)
+    results = {}
+    try:
+        with step_progress(f"calibrating {run} ({', '.join(kinds)} labels)") as progress:
+            computed = cal.calibrate_kinds(con, run, kinds, companion=companion, n_bootstrap=bootstrap, seed=seed,
+                                           progress=progress, engine=ray)
+    except ValueError as exc:
+        fail(str(exc))
+    for kind, result in computed.items():
+        if isinstance(result, cal.CalibrationDataError):
+            if labels == "all" and kind != "observed":
+                err.print(f"[yellow]skipped {kind} labels:[/yellow] {result}")
+                continue
+            fail(str(result))
         results[kind] = result
         for note in result.notes:
             err.print(f"{kind}: {note}")
         mode = result.summary.column("mode")[0].as_py() if result.summary.num_rows else None
         if labels == "all" and mode in ("cap-accept", "static"):
             err.print(f"{run} is a {mode} run: its observed labels are the full-block truth")
-            break
     print_table(_ece_table(run, results), format)
 
     if fit_sts is not None:

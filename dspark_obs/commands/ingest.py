@@ -70,6 +70,10 @@ def ingest(
     form feed); the body only checks them and calls the library.
     """
     # at call time: the CLI imports every command module to declare its options
+    from dspark_obs.arrow_startup import keep_pandas_out
+
+    keep_pandas_out()  # first, before any Arrow array: the importers never hand pyarrow a pandas object
+    # at call time: the CLI imports every command module to declare its options
     from collectors.importers import now
     from collectors.workloads import WorkloadResolver
     from dspark_obs.store import open_store
@@ -148,8 +152,13 @@ def _write_sampling_and_workloads(store, run_id: str, resolver, temperature, res
         console.print(f"sampling_overrides: {len(overrides)} rows (estimate uses them where no temperature "
                       "was recorded)")
     # Rids seen in steps or estimator rows but in no imported request still get their workload.
-    have = set(store.read("requests", run_id).column("rid").to_pylist())
-    seen = set().union(*(r.rids for r in results)) - have
+    # at call time: the CLI imports every command module to declare its options
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    have = store.read("requests", run_id).column("rid")
+    seen = pc.unique(pa.concat_arrays([r.seen_rids() for r in results])) if results else pa.array([], pa.string())
+    seen = seen.filter(pc.invert(pc.is_in(seen, value_set=have.combine_chunks()))).to_pylist()
     if seen:
         store.write("requests", run_id, [{"rid": rid, "workload": resolver(rid)} for rid in sorted(seen)])
 

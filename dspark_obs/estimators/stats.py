@@ -46,11 +46,17 @@ def unit_keys(units) -> np.ndarray:
 
 def _mix(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finaliser: a bijection of uint64 whose outputs look uniform."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    return _mix_into(np.array(x, dtype=np.uint64))
+
+
+def _mix_into(x: np.ndarray) -> np.ndarray:
+    """:func:`_mix` in place (no copy of a large block of draws per step)."""
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
+    return x
 
 
 def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int = 0) -> np.ndarray:
@@ -58,14 +64,22 @@ def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int
 
     ``keys`` from :func:`unit_keys`.  The weight depends only on the key, the
     seed and the resample's number, so a subset of units gets exactly the
-    columns the whole run would.
+    columns the whole run would.  The count is the number of CDF thresholds at
+    or below the draw: two comparisons decide the 92% of draws below 2, a
+    search the rest.
     """
     keys = np.asarray(keys, dtype=np.uint64)
     with np.errstate(over="ignore"):
         stream = _mix(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * _GOLDEN
                       + np.arange(start, start + n_resamples, dtype=np.uint64) * _GOLDEN + _GOLDEN)
-        bits = _mix(keys[None, :] ^ stream[:, None])
-    return np.searchsorted(_POISSON_THRESHOLDS, bits >> np.uint64(11), side="right").astype(np.float64)
+        bits = _mix_into(keys[None, :] ^ stream[:, None])
+    bits >>= np.uint64(11)
+    t = _POISSON_THRESHOLDS
+    weights = (bits >= t[0]).astype(np.float64)
+    weights += bits >= t[1]
+    rare = np.flatnonzero(bits >= t[2])
+    weights.reshape(-1)[rare] = np.searchsorted(t, bits.reshape(-1)[rare], side="right")
+    return weights
 
 
 def group_weights(n_groups: int, n_resamples: int, seed: int, keys: np.ndarray | None = None,

@@ -28,7 +28,7 @@ from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators.calibration import metrics as cal_metrics
 from dspark_obs.estimators import stats as bootstrap
-from dspark_obs.estimators.calibration.resampling import calibration_replicates, resampled_metrics
+from dspark_obs.estimators.calibration.resampling import AUROC_LEVELS, RequestSums, ResampleWeights, resampled_sums
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Drift, Figure
 from dspark_obs.report.stats import Z95, clustered_mean, difference_ztest, two_sided_p
@@ -66,7 +66,8 @@ class _Events:
     y: np.ndarray
     survival: np.ndarray
     workload: np.ndarray
-    unit: np.ndarray  # request id (the bootstrap unit)
+    unit: np.ndarray  # the request (the bootstrap unit) of each step: its number among unit_names
+    unit_names: np.ndarray  # the requests as ``run:rid``, sorted
     gamma: int
 
 
@@ -82,12 +83,33 @@ def _events(con, runs: list[tuple[str, str]]) -> _Events | None:
     def pad(a: np.ndarray) -> np.ndarray:
         return a if a.shape[1] == gamma else np.pad(a, ((0, 0), (0, gamma - a.shape[1])), constant_values=np.nan)
 
+    # each run's requests named once (not once per step), then numbered in the sorted order of the names
+    codes, names = zip(*(_factorize(ev.rid) for _, ev in parts))
+    offsets = np.cumsum([0, *(len(n) for n in names)])
+    unit_names, rank = np.unique(np.asarray([f"{run}:{rid}" for (run, _), n in zip(parts, names) for rid in n],
+                                            dtype=str), return_inverse=True)
     return _Events(
         y=np.vstack([pad(ev.y) for _, ev in parts]),
         survival=np.vstack([pad(ev.survival) for _, ev in parts]),
         workload=np.concatenate([ev.workload.astype(object) for _, ev in parts]),
-        unit=np.concatenate([np.char.add(f"{run}:", ev.rid.astype(str)) for run, ev in parts]),
-        gamma=gamma)
+        unit=np.concatenate([rank.reshape(-1)[c + o] for c, o in zip(codes, offsets)]).astype(np.int64),
+        unit_names=unit_names, gamma=gamma)
+
+
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each value's number among the distinct values, and those (in order of first appearance)."""
+    codes, uniques = pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)
+    return codes.astype(np.int64), np.asarray(uniques, dtype=object)
+
+
+def _dense(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct non-negative ``codes`` (sorted) and each one's number among them: ``np.unique(codes,
+    return_inverse=True)`` by counting, not sorting."""
+    if codes.size == 0:
+        return codes, codes
+    present = np.zeros(int(codes.max()) + 1, dtype=np.int64)
+    present[codes] = 1
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[codes]
 
 
 def _seed(base: int, *parts: str) -> int:
@@ -99,23 +121,23 @@ class _Cell:
 
     def __init__(self, ev: _Events, workload: str, n_boot: int, seed: int) -> None:
         self.mask = np.ones(len(ev.unit), bool) if workload == "*" else ev.workload == workload
-        units, self.g = np.unique(ev.unit[self.mask], return_inverse=True)
+        units, self.g = _dense(ev.unit[self.mask])   # numbered in the sorted order of their names
         self.n_groups = int(self.g.max()) + 1 if self.g.size else 0
-        self.keys = bootstrap.unit_keys(units.tolist())  # a request's weights follow its id, as in calibrate
-        self.n_boot, self.seed = n_boot, seed  # every position resamples the same requests
+        self.keys = bootstrap.unit_keys(ev.unit_names[units].tolist())  # a request's weights follow its id
         self.ones = np.ones((1, self.n_groups))
         self.ev = ev
+        self.weights = ResampleWeights(self.n_groups, n_boot, seed, self.keys)   # drawn once for every position
 
     def position(self, k: int, binning: str) -> tuple[dict, dict, np.ndarray, np.ndarray, int] | None:
+        """``(point metrics, resampled metrics, labels, requests, steps)`` at position ``k`` (None: no steps)."""
         y = self.ev.y[self.mask, k - 1]
         p = self.ev.survival[self.mask, k - 1]
         ok = ~np.isnan(y) & ~np.isnan(p)
         if not ok.any():
             return None
-        args = (y[ok], p[ok], self.g[ok])
-        point = {m: float(v[0]) for m, v in calibration_replicates(*args, self.ones, binning=binning).items()}
-        reps = resampled_metrics(*args, n_groups=self.n_groups, n_resamples=self.n_boot, seed=self.seed,
-                                 binning=binning, keys=self.keys)
+        exact = RequestSums(y[ok], p[ok], self.g[ok], n_groups=self.n_groups, binning=binning)
+        point = {m: float(v[0]) for m, v in exact(self.ones).items()}
+        reps = resampled_sums(exact.with_auroc_levels(AUROC_LEVELS), self.weights)
         return point, reps, y[ok], self.g[ok], int(ok.sum())
 
 

@@ -12,7 +12,7 @@ import pytest
 
 # url path -> Plotly charts the page draws on the sample store
 PAGES = {
-    "": 3, "ceiling": 4, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 3, "requests": 1,
+    "": 3, "ceiling": 4, "windows": 2, "calibration": 3, "costmodel": 4, "throughput": 3, "requests": 1,
     "compare": 1, "sql_console": 0,
 }
 ERRORS = '[data-testid="stException"], [data-testid="stAlertContentError"]'

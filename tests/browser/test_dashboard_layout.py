@@ -25,12 +25,15 @@ from .test_dashboard_browser import ERRORS, LOAD_TIMEOUT_MS, _screenshot
 TWO_RUNS = "?runs=sample-compact&runs=sample-cap-accept"
 # url path -> charts the page draws with the two sample runs selected
 PAGES = {
-    "": 3, "ceiling": 4, "windows": 5, "calibration": 5, "costmodel": 4, "throughput": 5, "requests": 1,
+    "": 3, "ceiling": 4, "windows": 2, "calibration": 3, "costmodel": 4, "throughput": 5, "requests": 1,
     "compare": 1, "sql_console": 0,
     # the request explorer draws one view at a time: its other two; so does the ceiling's estimate vs truth
     "requests?rq_view=confidences+and+survival": 1, "requests?rq_view=committed+tokens": 1,
     "ceiling?ceil_val=interval+coverage": 4, "ceiling?ceil_val=bias+by+category": 4,
-    "calibration?cal_counts=1": 5,  # the reliability diagram with its bin-count row
+    "calibration?cal_counts=1": 3,  # the reliability diagram with its bin-count row
+    # the windows and calibration pages draw one view at a time too
+    "windows?win_view=utilisation": 2, "windows?win_view=budget+over+time": 1,
+    "calibration?cal_view=metrics+by+position": 3, "calibration?recal_metric=brier": 3,
 }
 # Titles of the charts that show a throughput or a latency: each must name its clock.
 TIMED = ("throughput", "latency", "per-user", "speed", "step time")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import importlib
 
 _HOMES = {
-    "calibrate": ("RunCalibration", "calibrate_run", "summarise_events"),
+    "calibrate": ("RunCalibration", "calibrate_run", "calibrate_kinds", "summarise_events"),
     "events": ("LABEL_KINDS", "CalibrationDataError", "RunEvents", "block_events", "load_events", "observed_events"),
     "metrics": ("BINNINGS", "ReliabilityCurve", "auroc_score", "bootstrap_calibration_error", "brier_score_loss",
                 "debiased_calibration_error", "expected_calibration_error", "log_loss",

@@ -30,10 +30,8 @@ from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration import chunks
 from dspark_obs.estimators.calibration import ray as calibration_ray
-from dspark_obs.estimators.calibration.events import (
-    RunEvents,
-    load_events,
-)
+from dspark_obs.estimators.calibration import events
+from dspark_obs.estimators.calibration.events import CalibrationDataError, RunEvents
 from dspark_obs.estimators.calibration.rows import cell_rows
 from dspark_obs.estimators.calibration.metrics import (
     BINNINGS,
@@ -45,10 +43,10 @@ from dspark_obs.estimators.calibration.metrics import (
     parse_binning,
     resampled_ece,
 )
-from dspark_obs.estimators.chunks import DEFAULT_CHUNK_ROWS
+from dspark_obs.estimators.chunks import ALL, DEFAULT_CHUNK_ROWS
 from dspark_obs.schema import CALIBRATION, CALIBRATION_BINS
 
-__all__ = ["RunCalibration", "summarise_events", "calibrate_run"]
+__all__ = ["RunCalibration", "summarise_events", "calibrate_run", "calibrate_kinds"]
 
 _f64, _str, _i16, _i32, _i64 = pa.float64(), pa.string(), pa.int16(), pa.int32(), pa.int64()
 
@@ -177,30 +175,89 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     The rows of (``run_id``, ``labels``) in ``calibration`` and
     ``calibration_bins`` replace older ones; other label kinds are kept.
     """
+    result = calibrate_kinds(con_or_store, run_id, (labels,), companion=companion, binnings=binnings,
+                             n_bootstrap=n_bootstrap, confidence_level=confidence_level, seed=seed, write=write,
+                             chunk_rows=chunk_rows, sample_rows=sample_rows, progress=progress, engine=engine)[labels]
+    if isinstance(result, Exception):
+        raise result
+    return result
+
+
+def calibrate_kinds(con_or_store, run_id: str, kinds, *, companion: str | None = None, binnings=BINNINGS,
+                    n_bootstrap: int = 1000, confidence_level: float = 0.95, seed: int = 0, write: bool = True,
+                    chunk_rows: int | None = None, sample_rows: int | None = None, progress=None,
+                    engine=None) -> dict:
+    """:func:`calibrate_run` of each label kind of ``kinds``, each chunk of the run read once for all of them
+    (observed and reconstructed labels come from one read: the steps with their ceiling estimates).
+
+    Returns ``kind -> RunCalibration``, or the :class:`CalibrationDataError` that kind raised (the
+    others are still calibrated), in the order of ``kinds``.
+    """
     _check_options(binnings, n_bootstrap, confidence_level)
     chunk_rows = chunk_rows or DEFAULT_CHUNK_ROWS
     con, store = sqlmod.connection_and_store(con_or_store)
-    plan = chunks.plan_run(con, run_id, labels=labels, companion=companion, chunk_rows=chunk_rows,
-                           units=n_bootstrap > 0)
-    if engine is not None and len(plan.chunks) < getattr(engine, "min_chunks", 0):
+    steps = chunks.run_steps(con, run_id)
+    plans, out = {}, {}
+    for kind in kinds:
+        try:
+            plans[kind] = chunks.plan_run(con, run_id, labels=kind, companion=companion, chunk_rows=chunk_rows,
+                                          units=n_bootstrap > 0, steps=steps)
+        except CalibrationDataError as exc:
+            out[kind] = exc
+    options = dict(binnings=binnings, n_bootstrap=n_bootstrap, confidence_level=confidence_level, seed=seed,
+                   sample_rows=sample_rows, progress=progress, engine=engine)
+    try:
+        tables = _tables(con, run_id, plans, out, **options) if plans else {}
+    except CalibrationDataError:  # one kind's data (say, its ceiling estimates) is unusable: each kind on its own
+        if len(plans) == 1:
+            raise
+        tables = {}
+        for kind in plans:
+            try:
+                tables.update(_tables(con, run_id, {kind: plans[kind]}, out, **options))
+            except CalibrationDataError as exc:
+                out[kind] = exc
+    for kind, (summary, bins, notes) in tables.items():
+        if write:
+            for table, rows in (("calibration", summary), ("calibration_bins", bins)):
+                _replace_labels(store, table, run_id, kind, rows)
+        out[kind] = RunCalibration(run_id, kind, summary, bins, notes)
+    return {kind: out[kind] for kind in kinds}
+
+
+def _tables(con, run_id: str, plans: dict, errors: dict, *, binnings, n_bootstrap, confidence_level, seed,
+            sample_rows, progress, engine) -> dict:
+    """``kind -> (summary, bins, notes)`` of the planned kinds: in one pass, or a chunk at a time."""
+    reads = chunks.RunReads.of(con, run_id, plans)
+    n_chunks = len(next(iter(plans.values())).chunks)
+    if engine is not None and n_chunks < getattr(engine, "min_chunks", 0):
         engine = None   # --jobs on a run of one chunk: this process
-    if len(plan.chunks) == 1 and engine is None:  # one pass
-        ev = load_events(con, run_id, labels=labels, companion=companion)
+    if n_chunks == 1 and engine is None:  # one pass
+        return _one_pass(con, reads, binnings=binnings, n_bootstrap=n_bootstrap, confidence_level=confidence_level,
+                         seed=seed, progress=progress, errors=errors)
+    return chunks.summarise_in_chunks(
+        con, reads, binnings=binnings, n_bootstrap=n_bootstrap, confidence_level=confidence_level, seed=seed,
+        sample_rows=sample_rows or chunks.DEFAULT_SAMPLE_ROWS, progress=progress,
+        accumulate=None if engine is None else functools.partial(calibration_ray.accumulate, engine))
+
+
+def _one_pass(con, reads, *, binnings, n_bootstrap, confidence_level, seed, progress, errors: dict) -> dict:
+    """``kind -> tables`` of a run of one chunk, read once; a kind without labelled steps goes to ``errors``."""
+    plan = next(iter(reads.plans.values()))
+    tables = {}
+    for kind, (ev, counts) in reads.read(con, ALL, int(plan.step_rows.sum())).items():
+        p = reads.plans[kind]
+        try:
+            counts["total"] = events.check_labelled(con, reads.run_id, kind, p.mode, p.source, len(ev.rid))
+        except CalibrationDataError as exc:
+            errors[kind] = exc
+            continue
         summary, bins = summarise_events(ev, binnings=binnings, n_bootstrap=n_bootstrap,
                                          confidence_level=confidence_level, seed=seed)
-        notes = ev.notes
+        tables[kind] = (summary, bins, events.notes_of(kind, p.mode, p.params.get("method"), counts))
         if progress is not None:
             progress(len(ev.rid), len(ev.rid))
-    else:
-        summary, bins, notes = chunks.summarise_in_chunks(
-            con, run_id, plan, labels=labels, binnings=binnings, n_bootstrap=n_bootstrap,
-            confidence_level=confidence_level, seed=seed,
-            sample_rows=sample_rows or chunks.DEFAULT_SAMPLE_ROWS, progress=progress,
-            accumulate=None if engine is None else functools.partial(calibration_ray.accumulate, engine))
-    if write:
-        for table, rows in (("calibration", summary), ("calibration_bins", bins)):
-            _replace_labels(store, table, run_id, labels, rows)
-    return RunCalibration(run_id, labels, summary, bins, notes)
+    return tables
 
 
 def _replace_labels(store, table: str, run_id: str, labels: str, rows: pa.Table) -> None:

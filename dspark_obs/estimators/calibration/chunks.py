@@ -36,8 +36,8 @@ from dspark_obs.estimators.calibration import events, metrics
 from dspark_obs.estimators.calibration.rows import cell_rows
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
 
-__all__ = ["RunPlan", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells", "BinEdges",
-           "DEFAULT_SAMPLE_ROWS"]
+__all__ = ["RunPlan", "RunReads", "run_steps", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells",
+           "BinEdges", "DEFAULT_SAMPLE_ROWS"]
 
 DEFAULT_SAMPLE_ROWS = 500_000
 """Steps behind AUROC and equal-mass bin edges when a run holds more."""
@@ -52,10 +52,9 @@ GROUP BY rid ORDER BY rid NULLS LAST
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A run's chunks and labelled steps per request: what the bootstrap needs up front.
+    """A run's chunks and labelled steps per request: what the sample of whole requests needs up front.
 
-    A run that fits one chunk is not counted further (``units`` empty): it is
-    calibrated in one pass.
+    A run that fits one chunk is not counted further: it is calibrated in one pass.
     """
 
     query: str
@@ -68,44 +67,85 @@ class RunPlan:
     labelled: int = 0
     rids: list = field(default_factory=list)                          # rids with labelled steps, None last
     rid_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    units: np.ndarray = field(default_factory=lambda: np.zeros(0, object))   # bootstrap units, sorted
-    unit_workload: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
     step_rids: list = field(default_factory=list)    # every rid with predictions (what shards split), None last
     step_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
 
-def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows: int,
-             units: bool = True) -> RunPlan:
-    """Chunks of the run's steps with predictions, then (``units``) its labelled steps per rid
-    and unit, which the bootstrap needs before the first chunk.
+def run_steps(con, run_id: str) -> tuple[list, np.ndarray]:
+    """The run's rids with predictions (sorted, None last) and their steps: what :func:`plan_run` chunks."""
+    base = events.fetch(con, _BASE_SQL, {"run": run_id})
+    return base.column("rid").to_pylist(), base.column("n").to_numpy().astype(np.int64)
 
-    The labelled steps are counted a chunk at a time: joining a whole run with its
-    ceiling or companion at once would hold both in memory.  Raises as ``load_events``.
+
+def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows: int,
+             units: bool = True, steps: tuple | None = None) -> RunPlan:
+    """Chunks of the run's steps with predictions, then (``units``) its labelled steps per rid,
+    which the sample of whole requests needs before the first chunk (``steps``: :func:`run_steps`,
+    when the caller has them).
+
+    Every step with predictions has observed labels, so those are the steps per rid; other labels
+    are counted a chunk at a time: joining a whole run with its ceiling or companion at once would
+    hold both in memory.  Raises as ``load_events``.
     """
     query, params, mode, gamma, source = events.events_query(con, run_id, labels=labels, companion=companion)
-    base = events.fetch(con, _BASE_SQL, {"run": run_id})
-    rids, rows = base.column("rid").to_pylist(), base.column("n").to_numpy().astype(np.int64)
+    rids, rows = steps if steps is not None else run_steps(con, run_id)
     chunks = plan_chunks(rids, rows, chunk_rows=chunk_rows)
     steps = {"step_rids": rids, "step_rows": rows}
     if len(chunks) == 1:
         return RunPlan(query, params, mode, gamma, source, chunks, **steps)
-    if not units:  # steps with predictions stand in for labelled ones (the sample, the progress)
-        return RunPlan(query, params, mode, gamma, source, chunks, 0, int(rows.sum()), rids, rows, **steps)
-    parts = [events.fetch(con, f"SELECT rid, unit, workload, count(*) AS n FROM "
-                                f"({events.events_sql(query, chunk, ordered=False)}) "
-                                "GROUP BY ALL ORDER BY rid NULLS LAST, unit", {**params, **chunk.params})
+    if not units or labels == "observed":  # steps with predictions are (or stand in for) the labelled ones
+        labelled = int(rows.sum())
+        total = events.check_labelled(con, run_id, labels, mode, source, labelled) if units else 0
+        return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, rids, rows, **steps)
+    parts = [events.fetch(con, f"SELECT rid, count(*) AS n FROM ({events.events_sql(query, chunk, ordered=False)}) "
+                               "GROUP BY rid ORDER BY rid NULLS LAST", {**params, **chunk.params})
              for chunk in chunks]
     counts = pa.concat_tables(parts)
     labelled = int(np.sum(counts.column("n").to_numpy())) if counts.num_rows else 0
     total = events.check_labelled(con, run_id, labels, mode, source, labelled)
-    rid = counts.column("rid").to_pylist()
-    n = counts.column("n").to_numpy().astype(np.int64)
-    starts = [i for i in range(len(rid)) if i == 0 or rid[i] != rid[i - 1]]
-    rid_rows = np.add.reduceat(n, starts) if starts else np.zeros(0, np.int64)
-    units = np.asarray(counts.column("unit").to_pylist(), dtype=object)
-    order = np.argsort(units, kind="stable")
-    return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, [rid[i] for i in starts], rid_rows,
-                   units[order], np.asarray(counts.column("workload").to_pylist(), dtype=object)[order], **steps)
+    return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, counts.column("rid").to_pylist(),
+                   counts.column("n").to_numpy().astype(np.int64), **steps)
+
+
+@dataclass(frozen=True)
+class RunReads:
+    """How a run's chunks are read for its label kinds: observed and reconstructed from one read.
+
+    ``fused`` is the outer read's ``(sql, params)`` (steps with their ceiling estimate where there is
+    one, :func:`~.events.split_outer`) when both kinds are planned; other kinds read on their own.
+    """
+
+    run_id: str
+    plans: dict                     # label kind -> RunPlan, in the order they are reported
+    fused: tuple | None = None
+
+    @classmethod
+    def of(cls, con, run_id: str, plans: dict) -> "RunReads":
+        fused = None
+        if {"observed", "reconstructed"} <= set(plans) and plans["observed"].mode not in ("cap-accept", "static"):
+            query, params, *_ = events.events_query(con, run_id, labels="reconstructed", outer=True)
+            fused = (query, params)
+        return cls(run_id, plans, fused)
+
+    def subset(self, kinds) -> "RunReads":
+        plans = {kind: self.plans[kind] for kind in kinds}
+        return RunReads(self.run_id, plans, self.fused if {"observed", "reconstructed"} <= set(plans) else None)
+
+    def read(self, con, chunk: Chunk, steps: int) -> dict:
+        """``kind -> (RunEvents, counts)`` of the requests of ``chunk``, which hold ``steps`` steps with
+        predictions; the outer read is used only when it gives one row per step (one estimate per step)."""
+        out = {}
+        if self.fused is not None:
+            query, params = self.fused
+            table = events.fetch(con, events.events_sql(query, chunk), {**params, **chunk.params})
+            if table.num_rows == steps:
+                ref = self.plans["observed"]
+                out = events.split_outer(table, self.run_id, ref.mode, ref.gamma, ("observed", "reconstructed"))
+            del table
+        for kind, plan in self.plans.items():
+            if kind not in out:
+                out[kind] = _load(con, plan, self.run_id, kind, chunk)
+        return {kind: out[kind] for kind in self.plans}
 
 
 def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk):
@@ -125,7 +165,7 @@ class _Cell:
     log_sum: float = 0.0
     edges: dict = field(default_factory=dict)  # binning -> bin edges
     bins: dict = field(default_factory=dict)   # binning -> [count, pred_sum, true_sum]
-    boot: dict = field(default_factory=dict)   # binning -> [W@psum, W@ysum, W@count]
+    boot: dict = field(default_factory=dict)   # binning -> [W@(psum - ysum), W@count]
 
     def __add__(self, other: "_Cell") -> "_Cell":
         """The cell of two disjoint sets of whole requests (the same bin edges)."""
@@ -141,11 +181,11 @@ class _Cell:
         return out
 
 
-def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binnings, n_bootstrap: int,
-                        confidence_level: float, seed: int, sample_rows: int = DEFAULT_SAMPLE_ROWS,
-                        progress: Callable[[int, int], None] | None = None,
-                        accumulate: Callable | None = None) -> tuple[pa.Table, pa.Table, tuple]:
-    """The ``calibration`` and ``calibration_bins`` rows and the notes, a chunk of requests at a time.
+def summarise_in_chunks(con, reads: RunReads, *, binnings, n_bootstrap: int, confidence_level: float, seed: int,
+                        sample_rows: int = DEFAULT_SAMPLE_ROWS, progress: Callable[[int, int], None] | None = None,
+                        accumulate: Callable | None = None) -> dict[str, tuple[pa.Table, pa.Table, tuple]]:
+    """``kind -> (calibration rows, calibration_bins rows, notes)`` of every kind ``reads`` plans, a chunk of
+    requests at a time, every chunk read once for all of them.
 
     ``accumulate`` (e.g. :func:`~dspark_obs.estimators.calibration.ray.accumulate`
     bound to an engine) sums the run's chunks elsewhere, taking the arguments of
@@ -153,7 +193,9 @@ def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binning
     here, chunk by chunk.
     """
     specs = {name: metrics.parse_binning(name) for name in binnings}
-    sample = SampleEdges.of(con, plan, run_id, labels, specs, sample_rows)
+    samples = SampleEdges.of(con, reads, specs, sample_rows)
+    edges = {kind: sample.edges for kind, sample in samples.items()}
+    plan = next(iter(reads.plans.values()))
     total_rows = sum(chunk.rows for chunk in plan.chunks)
     if accumulate is None:
         done = [0]
@@ -163,11 +205,18 @@ def summarise_in_chunks(con, run_id: str, plan: RunPlan, *, labels: str, binning
             if progress is not None:
                 progress(done[0], total_rows)
 
-        cells, counts = accumulate_chunks(con, plan, run_id, plan.chunks, labels=labels, specs=specs,
-                                          edges=sample.edges, n_bootstrap=n_bootstrap, seed=seed, progress=advance)
+        sums = accumulate_chunks(con, reads, plan.chunks, specs=specs, edges=edges, n_bootstrap=n_bootstrap,
+                                 seed=seed, progress=advance)
     else:
-        cells, counts = accumulate(con, plan, run_id, labels=labels, specs=specs, edges=sample.edges,
-                                   n_bootstrap=n_bootstrap, seed=seed, progress=progress, total=total_rows)
+        sums = accumulate(con, reads, specs=specs, edges=edges, n_bootstrap=n_bootstrap, seed=seed,
+                          progress=progress, total=total_rows)
+    return {kind: _tables(con, reads.run_id, kind, reads.plans[kind], samples[kind], *sums[kind], binnings=binnings,
+                          confidence_level=confidence_level, n_bootstrap=n_bootstrap)
+            for kind in reads.plans}
+
+
+def _tables(con, run_id: str, labels: str, plan: RunPlan, sample: "SampleEdges", cells: dict, counts: dict, *,
+            binnings, confidence_level: float, n_bootstrap: int) -> tuple[pa.Table, pa.Table, tuple]:
     counts["total"] = plan.total or events.check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
     rows, bin_rows = [], []
     names = sorted({w for w, _ in cells} - {"*"})
@@ -193,8 +242,22 @@ class SampleEdges:
     edges: "BinEdges"
 
     @classmethod
-    def of(cls, con, plan: RunPlan, run_id: str, labels: str, specs: dict, sample_rows: int) -> "SampleEdges":
-        sample, _ = _load(con, plan, run_id, labels, sample_requests(plan.rids, plan.rid_rows, max_rows=sample_rows))
+    def of(cls, con, reads: RunReads, specs: dict, sample_rows: int) -> dict[str, "SampleEdges"]:
+        """Each kind's sample; kinds whose samples hold the same requests read them once."""
+        chosen = {kind: sample_requests(plan.rids, plan.rid_rows, max_rows=sample_rows)
+                  for kind, plan in reads.plans.items()}
+        out: dict = {}
+        for kind, chunk in chosen.items():
+            if kind in out:
+                continue
+            same = {k: reads.plans[k] for k, c in chosen.items() if (c.where, c.params) == (chunk.where, chunk.params)}
+            steps = chosen["observed"].rows if "observed" in same else -1   # observed rows: all steps with predictions
+            for k, (ev, _) in reads.subset(same).read(con, chunk, steps).items():
+                out[k] = cls.of_events(ev, specs)
+        return {kind: out[kind] for kind in reads.plans}
+
+    @classmethod
+    def of_events(cls, sample: events.RunEvents, specs: dict) -> "SampleEdges":
         labelled: dict = {}
         for w, mask in _groups(sample.workload):
             for k in range(sample.gamma):
@@ -223,58 +286,83 @@ class BinEdges:
         return found if found is not None else _edges_of(np.zeros(0), self.specs[name])
 
 
-def accumulate_chunks(con, plan: RunPlan, run_id: str, chunks: list, *, labels: str, specs: dict, edges: BinEdges,
-                      n_bootstrap: int, seed: int, progress: Callable[[int], None] | None = None) -> tuple[dict, dict]:
-    """Sums of ``chunks`` per (workload, position): ``(cells, counts)``; the one per-chunk path, for the
-    local loop and for every worker.  Cells of disjoint requests add (:func:`merge_cells`)."""
-    cells: dict = {}
-    counts = {"rows": 0, "censored": 0, "fractional": 0}
+def accumulate_chunks(con, reads: RunReads, chunks: list, *, specs: dict, edges: dict, n_bootstrap: int, seed: int,
+                      progress: Callable[[int], None] | None = None) -> dict[str, tuple[dict, dict]]:
+    """``kind -> (cells, counts)``: sums of ``chunks`` per (workload, position) for each planned label kind
+    (``edges``: kind -> :class:`BinEdges`), each chunk read once; the one per-chunk path, for the local
+    loop and for every worker.  Cells of disjoint requests add (:func:`merge_cells`)."""
+    sums = {kind: ({}, {"rows": 0, "censored": 0, "fractional": 0}) for kind in reads.plans}
     for chunk in chunks:
-        ev, c = _load(con, plan, run_id, labels, chunk)
-        for key in counts:
-            counts[key] += c[key]
-        units, unit = _local_units(ev.rid)   # each unit's weights are drawn once, whatever groups it is in
-        drawn = (bootstrap.poisson_weights(bootstrap.unit_keys(units), n_bootstrap, seed)
-                 if n_bootstrap else None)
-        for w, mask in _groups(ev.workload):
-            rows = np.flatnonzero(mask)
-            cols, local = _local_units(unit[rows])
-            weights = drawn[:, np.asarray(cols, dtype=np.int64)] if drawn is not None else None
-            boot: list = []   # the cell's per-unit sums: one product with the weights for all of them
+        read = reads.read(con, chunk, chunk.rows)
+        for kind, (_, c) in read.items():
+            for key in sums[kind][1]:
+                sums[kind][1][key] += c[key]
+        groups: list[list] = []   # kinds whose events are the same steps (one read): their requests indexed once
+        for kind, (ev, _) in read.items():
+            group = next((g for g in groups if _same_steps(g[0][1], ev)), None)
+            if group is None:
+                group = []
+                groups.append(group)
+            group.append((sums[kind][0], ev, edges[kind]))
+        for group in groups:
+            _add_events(group, specs, n_bootstrap, seed)
+        if progress is not None:
+            progress(chunk.rows)
+    return sums
+
+
+def _same_steps(a: events.RunEvents, b: events.RunEvents) -> bool:
+    return len(a.rid) == len(b.rid) and np.array_equal(a.rid, b.rid) and np.array_equal(a.workload, b.workload)
+
+
+def _add_events(kinds: list[tuple[dict, events.RunEvents, BinEdges]], specs: dict, n_bootstrap: int,
+                seed: int) -> None:
+    """Add one chunk's events to their cells, for label kinds of the same steps: ``[(cells, events, edges)]``;
+    each request's weights are drawn once, and each workload's sums of every kind reweighted in one product."""
+    ev0 = kinds[0][1]
+    units, unit = _local_units(ev0.rid)   # each unit's weights are drawn once, whatever groups it is in
+    drawn = (bootstrap.poisson_weights(bootstrap.unit_keys(units), n_bootstrap, seed)
+             if n_bootstrap else None)
+    for w, mask in _groups(ev0.workload):
+        rows = np.flatnonzero(mask)
+        cols, local = _local_units(unit[rows])
+        weights = drawn[:, np.asarray(cols, dtype=np.int64)] if drawn is not None else None
+        boot: list = []   # the cells' per-unit sums: one product with the weights for all of them
+        for cells, ev, edges in kinds:
             for k in range(ev.gamma):
                 cell = cells.setdefault((w, k), _Cell())
                 _add(cell, ev.y[rows, k], ev.survival[rows, k], local, len(cols), weights,
-                     {name: (*specs[name], cell.edges.setdefault(name, edges(w, k, name))) for name in specs}, boot)
-            _add_bootstrap(weights, boot)
-        if progress is not None:
-            progress(chunk.rows)
-        del ev
-    return cells, counts
+                     {name: (*specs[name], cell.edges.setdefault(name, edges(w, k, name))) for name in specs}, boot,
+                     every=None if w == "*" else cells[("*", k)])
+        _add_bootstrap(weights, boot)
 
 
 def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
-    """``acc[j] += weights @ part`` for each ``(acc, j, part)`` of ``pending``, as one matrix product."""
+    """``acc[j] += weights @ part`` for each ``acc`` of ``accs`` of each ``(accs, j, part)`` of ``pending``,
+    as one matrix product."""
     if weights is None or not pending:
         return
     product = weights @ np.concatenate([part.reshape(part.shape[0], -1) for _, _, part in pending], axis=1)
     at = 0
-    for acc, j, part in pending:
+    for accs, j, part in pending:
         width = part.reshape(part.shape[0], -1).shape[1]
         block = product[:, at:at + width].reshape((weights.shape[0], *part.shape[1:]))
-        acc[j] = acc[j] + block
+        for acc in accs:
+            acc[j] = acc[j] + block
         at += width
 
 
-def merge_cells(parts: list[tuple[dict, dict]]) -> tuple[dict, dict]:
+def merge_cells(parts: list[dict]) -> dict[str, tuple[dict, dict]]:
     """:func:`accumulate_chunks` of disjoint sets of whole requests as one."""
-    cells: dict = {}
-    counts = {"rows": 0, "censored": 0, "fractional": 0}
-    for part_cells, part_counts in parts:
-        for key in counts:
-            counts[key] += part_counts[key]
-        for key, cell in part_cells.items():
-            cells[key] = cells[key] + cell if key in cells else cell
-    return cells, counts
+    out: dict = {}
+    for part in parts:
+        for kind, (part_cells, part_counts) in part.items():
+            cells, counts = out.setdefault(kind, ({}, {"rows": 0, "censored": 0, "fractional": 0}))
+            for key in counts:
+                counts[key] += part_counts[key]
+            for key, cell in part_cells.items():
+                cells[key] = cells[key] + cell if key in cells else cell
+    return out
 
 
 def _groups(workload: np.ndarray) -> list[tuple[str, np.ndarray]]:
@@ -290,10 +378,15 @@ def _local_units(units: np.ndarray) -> tuple[list, np.ndarray]:
 
 
 def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int, weights: np.ndarray | None,
-         binnings: dict, boot_parts: list) -> None:
+         binnings: dict, boot_parts: list, every: _Cell | None = None) -> None:
     """Add one chunk's steps of a cell; ``g`` numbers their requests 0..n_units-1, whose
     bootstrap weights are the columns of ``weights`` [resamples, n_units]; the per-request sums
-    the bootstrap reweights go to ``boot_parts`` (:func:`_add_bootstrap`)."""
+    the bootstrap reweights go to ``boot_parts`` (:func:`_add_bootstrap`).
+
+    A request is in one workload, and equal-width bins are the same in every cell, so the resampled
+    sums of the all-workloads cell (``every``, given with a workload's cell) are the sums of its
+    workloads' for those binnings: they are added there from the workloads' products, not reweighted
+    again (equal-mass bins have each cell's own edges: that cell reweights them itself)."""
     ok = ~np.isnan(y) & ~np.isnan(p)
     y, p, g = y[ok], np.clip(p[ok], 0.0, 1.0), g[ok]
     if not y.size:
@@ -310,11 +403,15 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
         acc = cell.bins.setdefault(name, [np.zeros(n_bins) for _ in range(3)])
         for a, s in zip(acc, (b.count, b.pred_sum, b.true_sum)):
             a += s
-        if weights is not None:
-            count, psum, ysum = metrics.request_bins(g, b.ids, pc, y, n_units, n_bins)
-            per = [psum, ysum, count.sum(axis=1)]
-            boot = cell.boot.setdefault(name, [0.0, 0.0, 0.0])
-            boot_parts += [(boot, j, part) for j, part in enumerate(per)]
+        shared = strategy == "uniform"
+        if weights is None or (shared and every is None):   # the all-workloads cell: from its workloads'
+            continue
+        count, psum, ysum = metrics.request_bins(g, b.ids, pc, y, n_units, n_bins)
+        per = [psum - ysum, count.sum(axis=1)]   # the ECE needs only each bin's p - y sum
+        targets = [cell.boot.setdefault(name, [0.0, 0.0])]
+        if shared and every is not None:
+            targets.append(every.boot.setdefault(name, [0.0, 0.0]))
+        boot_parts += [(targets, j, part) for j, part in enumerate(per)]
 
 
 def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan, binnings, level: float,
@@ -332,7 +429,7 @@ def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan,
 
 
 def _resampled_ece(boot: list) -> np.ndarray:
-    """ECE of each resample from the accumulated ``[W @ pred sums, W @ label sums, W @ counts]``."""
-    wp, wy, wn = boot
+    """ECE of each resample from the accumulated ``[W @ (pred sums - label sums), W @ counts]``."""
+    gap, wn = boot
     with np.errstate(invalid="ignore", divide="ignore"):
-        return metrics.ece_from_sums(wn[:, None], wp, wy)
+        return metrics.ece_from_sums(wn[:, None], gap, 0.0)

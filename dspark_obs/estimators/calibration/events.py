@@ -38,7 +38,8 @@ Where the truth comes from (``labels``):
 :func:`load_events` reads a run's predictions and labels as :class:`RunEvents`
 (arrays, no metrics); :func:`events_query` and :func:`events_sql` give its SQL to
 :mod:`dspark_obs.estimators.calibration.chunks`, which reads a large run a chunk
-of whole requests at a time.
+of whole requests at a time, the observed and reconstructed labels of a chunk from
+one read (``events_query(..., outer=True)``, :func:`split_outer`).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from dspark_obs.estimators import pairing
 
 __all__ = [
     "LABEL_KINDS", "RunEvents", "CalibrationDataError", "block_events", "observed_events",
-    "load_events", "events_query", "events_sql",
+    "load_events", "events_query", "events_sql", "split_outer", "run_info",
 ]
 
 LABEL_KINDS = ("observed", "reconstructed", "companion")
@@ -146,7 +147,8 @@ def fetch(con, sql_text: str, params: dict) -> pa.Table:
     return con.sql(sql_text, params=params).to_arrow_table()  # DuckDB 2: fetch results fully
 
 
-def _run_info(con, run_id: str) -> tuple[str, int | None]:
+def run_info(con, run_id: str) -> tuple[str, int | None]:
+    """The run's mode (``runs``, else its steps' most common) and gamma (None when not recorded)."""
     rows = con.sql("SELECT mode, gamma FROM runs WHERE run_id = $run", params={"run": run_id}).fetchall()
     mode, gamma = rows[0] if rows else (None, None)
     if not mode:
@@ -207,13 +209,17 @@ def notes_of(labels: str, mode: str, method: str | None, counts: dict) -> tuple[
     return tuple(notes)
 
 
-def events_query(con, run_id: str, *, labels: str = "observed",
-                 companion: str | None = None) -> tuple[str, dict, str, int | None, str]:
+def events_query(con, run_id: str, *, labels: str = "observed", companion: str | None = None,
+                 outer: bool = False) -> tuple[str, dict, str, int | None, str]:
     """``(sql, params, mode, gamma, label source)`` of a run's events, the SQL to be completed by
-    :func:`events_sql`.  Raises :class:`CalibrationDataError` as :func:`load_events`."""
+    :func:`events_sql`.  Raises :class:`CalibrationDataError` as :func:`load_events`.
+
+    ``outer`` (reconstructed labels): every step with predictions, its ceiling estimate joined where
+    there is one (column ``has_estimate``), so that one read gives the observed and the reconstructed
+    events (:func:`split_outer`)."""
     if labels not in LABEL_KINDS:
         raise ValueError(f"labels must be one of {', '.join(LABEL_KINDS)}, got {labels!r}")
-    mode, gamma = _run_info(con, run_id)
+    mode, gamma = run_info(con, run_id)
     if mode in ("cap-accept", "static") and labels != "observed":
         raise CalibrationDataError(
             f"run {run_id!r} is a {mode} run: it verified whole blocks, so its own labels are the "
@@ -244,6 +250,10 @@ def events_query(con, run_id: str, *, labels: str = "observed",
         extra, source = ", e.mid, e.survival_mid", "ceiling"
         join = ("JOIN ceiling e ON e.run_id = s.run_id AND e.rid = s.rid AND e.forward_ct = s.forward_ct "
                 "AND e.prefix_len = s.prefix_len AND coalesce(e.method, '') = $method AND {chunk_e}")
+        if outer:  # the same estimates, filtered before the join
+            extra += ", e.run_id IS NOT NULL AS has_estimate"
+            join = ("LEFT JOIN (SELECT * FROM ceiling e WHERE e.run_id = $run AND coalesce(e.method, '') = $method "
+                    "AND {chunk_e}) e ON e.rid = s.rid AND e.forward_ct = s.forward_ct AND e.prefix_len = s.prefix_len")
     return (_STEPS_SQL.format(extra=extra, join=join, chunk="{chunk}", chunk_p="{chunk_p}", chunk_e="{chunk_e}"),
             params, mode, gamma, source)
 
@@ -266,10 +276,8 @@ def check_labelled(con, run_id: str, labels: str, mode: str, source: str, labell
     return int(total[0])
 
 
-def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int | None,
-            source: str) -> tuple[RunEvents, dict]:
-    """Arrays and labels of the fetched steps, and the counts behind the notes."""
-    counts = {"rows": table.num_rows, "censored": 0, "fractional": 0}
+def predictions_of(table: pa.Table, gamma: int | None) -> tuple[int, np.ndarray, np.ndarray]:
+    """``(gamma, survival, confidence)`` of the fetched steps, each (n, gamma): a missing one from the other."""
     if not gamma:
         gamma = max(pc.max(pc.list_value_length(table.column(c))).as_py() or 0 for c in ("confidence", "survival"))
     conf = _list_matrix(table.column("confidence"), gamma, "confidence")
@@ -277,7 +285,38 @@ def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int |
     surv = np.where(np.isnan(surv), np.cumprod(conf, axis=1), surv)
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = surv / np.concatenate([np.ones((len(surv), 1)), surv[:, :-1]], axis=1)
-    conf = np.where(np.isnan(conf), ratio, conf)
+    return gamma, surv, np.where(np.isnan(conf), ratio, conf)
+
+
+def split_outer(table: pa.Table, run_id: str, mode: str, gamma: int | None,
+                kinds: tuple[str, ...]) -> dict[str, tuple[RunEvents, dict]]:
+    """The events and counts of each of ``kinds`` (observed, reconstructed) from one read of
+    :func:`events_query` with ``outer``: :func:`events_of` of each, the predictions converted once.
+
+    The reconstructed events are the rows with an estimate, in the read's order: those the inner
+    join gives.
+    """
+    shared = predictions_of(table, gamma) if gamma else None  # else each kind's own gamma, as before
+    out = {}
+    if "observed" in kinds:
+        out["observed"] = events_of(table, run_id, "observed", mode, gamma, run_id, predictions=shared)
+    if "reconstructed" in kinds:
+        has = table.column("has_estimate").to_numpy(zero_copy_only=False).astype(bool)
+        if has.all():
+            part, own = table, shared
+        else:
+            part = table.filter(pa.array(has))
+            own = None if shared is None else (shared[0], shared[1][has], shared[2][has])
+        out["reconstructed"] = events_of(part, run_id, "reconstructed", mode, gamma, "ceiling", predictions=own)
+    return out
+
+
+def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int | None,
+              source: str, predictions: tuple | None = None) -> tuple[RunEvents, dict]:
+    """Arrays and labels of the fetched steps, and the counts behind the notes (``predictions``: those of
+    :func:`predictions_of` on ``table``, when the caller has them)."""
+    counts = {"rows": table.num_rows, "censored": 0, "fractional": 0}
+    gamma, surv, conf = predictions if predictions is not None else predictions_of(table, gamma)
 
     col = {name: table.column(name).to_numpy() for name in ("window", "correct_drafts", "cap_trim")}
     if labels == "companion":

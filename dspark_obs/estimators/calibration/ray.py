@@ -16,26 +16,26 @@ from dspark_obs.estimators.chunks import split_chunks
 __all__ = ["accumulate"]
 
 
-def accumulate(engine, con, plan: "chunks.RunPlan", run_id: str, *, labels: str, specs: dict,
-               edges: "chunks.BinEdges", n_bootstrap: int, seed: int, progress=None, total: int = 0):
+def accumulate(engine, con, reads: "chunks.RunReads", *, specs: dict, edges: dict, n_bootstrap: int, seed: int,
+               progress=None, total: int = 0):
     """:func:`~dspark_obs.estimators.calibration.chunks.accumulate_chunks` over the whole run, a task per shard."""
     engine.start()
     root = str(sqlmod.root_of(con))
+    plan = next(iter(reads.plans.values()))
     groups = split_chunks(plan.step_rids, plan.step_rows, plan.chunks, engine.parallelism())
-    calls = [(root, plan, run_id, group, labels, specs, edges, n_bootstrap, seed, sum(c.rows for c in group))
-             for group in groups]
+    calls = [(root, reads, group, specs, edges, n_bootstrap, seed, sum(c.rows for c in group)) for group in groups]
     done = [0]
 
     def finished(result) -> None:
-        done[0] += result[2]
+        done[0] += result[1]
         if progress is not None:
             progress(done[0], total)
 
-    return chunks.merge_cells([(c, n) for c, n, _ in engine.map(_task, calls, done=finished)])
+    return chunks.merge_cells([sums for sums, _ in engine.map(_task, calls, done=finished)])
 
 
-def _task(root, plan, run_id, shard_chunks, labels, specs, edges, n_bootstrap, seed, rows):
+def _task(root, reads, shard_chunks, specs, edges, n_bootstrap, seed, rows):
     sqlmod.WORKER_THREADS = 1   # a task takes one CPU (num_cpus=1): its DuckDB one thread, as a --jobs worker's
-    cells, counts = chunks.accumulate_chunks(sqlmod.connect(root), plan, run_id, shard_chunks, labels=labels,
-                                             specs=specs, edges=edges, n_bootstrap=n_bootstrap, seed=seed)
-    return cells, counts, rows
+    sums = chunks.accumulate_chunks(sqlmod.connect(root), reads, shard_chunks, specs=specs, edges=edges,
+                                    n_bootstrap=n_bootstrap, seed=seed)
+    return sums, rows

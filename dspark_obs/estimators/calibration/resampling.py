@@ -22,6 +22,8 @@ itself is exact.  ``dspark-obs report`` draws its intervals and drift tests from
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from scipy import sparse
 
@@ -29,7 +31,7 @@ from dspark_obs.estimators.calibration.metrics import (EPS_PROB, auroc_from_leve
                                                        debiased_terms, ece_from_sums, parse_binning, request_bins)
 from dspark_obs.estimators.stats import group_weights
 
-__all__ = ["METRICS", "AUROC_LEVELS", "RequestSums", "calibration_replicates", "resampled_metrics"]
+__all__ = ["METRICS", "AUROC_LEVELS", "RequestSums", "calibration_replicates", "resampled_metrics", "resampled_sums", "ResampleWeights"]
 
 METRICS = ("ece", "debiased_ece", "brier", "auroc", "acceptance")
 AUROC_LEVELS = 4096
@@ -67,13 +69,26 @@ class RequestSums:
         self.y_g = np.bincount(g, weights=y, minlength=n_groups)
         self.sq_g = np.bincount(g, weights=(p_raw - y) ** 2, minlength=n_groups)
         # AUROC: positive and negative weight of each request at each (tied) score, scores ascending
+        self._scored = (y, p_raw, g)
         _, level = np.unique(p_raw, return_inverse=True)
-        if auroc_levels is not None and level.size and level.max() + 1 > auroc_levels:
-            _, level = np.unique(np.minimum((p_raw * auroc_levels).astype(np.int64), auroc_levels - 1),
-                                 return_inverse=True)
+        self._rank(level)
+        if auroc_levels is not None and self.n_levels > auroc_levels:
+            self._rank(_rounded_levels(p_raw, auroc_levels))
+
+    def _rank(self, level: np.ndarray) -> None:
+        y, _, g = self._scored
         self.n_levels = int(level.max()) + 1 if level.size else 0
-        self.pos_t = sparse.csr_matrix((y, (level, g)), shape=(self.n_levels, n_groups))
-        self.neg_t = sparse.csr_matrix((1.0 - y, (level, g)), shape=(self.n_levels, n_groups))
+        self.pos_t = sparse.csr_matrix((y, (level, g)), shape=(self.n_levels, self.n_groups))
+        self.neg_t = sparse.csr_matrix((1.0 - y, (level, g)), shape=(self.n_levels, self.n_groups))
+
+    def with_auroc_levels(self, auroc_levels: int) -> "RequestSums":
+        """These sums as built with ``auroc_levels`` (the scores rounded to that many levels when they have
+        more distinct values), without recounting the rest."""
+        if self.n_levels <= auroc_levels:
+            return self
+        out = copy.copy(self)
+        out._rank(_rounded_levels(self._scored[1], auroc_levels))
+        return out
 
     def __call__(self, weights: np.ndarray) -> dict[str, np.ndarray]:
         w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
@@ -135,11 +150,40 @@ def resampled_metrics(y_true, y_prob, groups, *, n_groups: int, n_resamples: int
     hundreds of thousands of steps.
     """
     sums = RequestSums(y_true, y_prob, groups, n_groups=n_groups, binning=binning, auroc_levels=auroc_levels)
-    rows = max(1, min(n_resamples, _CELLS_PER_CHUNK // max(sums.n_levels, n_groups, 1)))
-    parts: list[dict[str, np.ndarray]] = []
-    done = 0
-    while done < n_resamples:
-        size = min(rows, n_resamples - done)
-        parts.append(sums(group_weights(n_groups, size, seed, keys, start=done)))
-        done += size
+    return resampled_sums(sums, ResampleWeights(n_groups, n_resamples, seed, keys))
+
+
+class ResampleWeights:
+    """The request weights of ``n_resamples`` resamples, in blocks of rows, drawn once and kept (as small
+    integers: a Poisson(1) count is at most 23) for every sample of the same requests (every position)."""
+
+    def __init__(self, n_groups: int, n_resamples: int, seed: int, keys: np.ndarray | None = None) -> None:
+        self.n_groups, self.n_resamples, self.seed, self.keys = n_groups, n_resamples, seed, keys
+        self._drawn: dict[int, list[np.ndarray]] = {}   # block rows -> blocks
+
+    def blocks(self, rows: int):
+        """Float64 weights, ``rows`` resamples at a time (:func:`~dspark_obs.estimators.stats.group_weights`)."""
+        kept = self._drawn.get(rows)
+        if kept is not None:
+            yield from (block.astype(np.float64) for block in kept)
+            return
+        kept, done = [], 0
+        while done < self.n_resamples:
+            size = min(rows, self.n_resamples - done)
+            block = group_weights(self.n_groups, size, self.seed, self.keys, start=done)
+            kept.append(block.astype(np.uint8))
+            yield block
+            done += size
+        self._drawn[rows] = kept
+
+
+def resampled_sums(sums: RequestSums, weights: ResampleWeights) -> dict[str, np.ndarray]:
+    """:func:`resampled_metrics` of prepared sums with (shared) weights."""
+    rows = max(1, min(weights.n_resamples, _CELLS_PER_CHUNK // max(sums.n_levels, sums.n_groups, 1)))
+    parts = [sums(block) for block in weights.blocks(rows)]
     return {m: np.concatenate([p[m] for p in parts]) for m in METRICS}
+
+
+def _rounded_levels(p_raw: np.ndarray, auroc_levels: int) -> np.ndarray:
+    """Each score's level among the distinct ``floor(p * auroc_levels)`` values, ascending."""
+    return np.unique(np.minimum((p_raw * auroc_levels).astype(np.int64), auroc_levels - 1), return_inverse=True)[1]

@@ -124,31 +124,41 @@ class DrafterMap:
         return self.coef is not None
 
     def q(self, confidence: np.ndarray, *, z: float = 0.0) -> np.ndarray:
-        """``[n, gamma]`` drafter probability of each draft; ``z`` standard errors up (or down).
+        """``[n, gamma]`` drafter probability of each draft; ``z`` standard errors up (or down)."""
+        c = np.asarray(confidence, dtype=np.float64)
+        return self.q_at(c, np.arange(c.shape[1]), z=z)
+
+    def q_at(self, confidence: np.ndarray, position: np.ndarray, *, z: float = 0.0) -> np.ndarray:
+        """:meth:`q` of drafts given by confidence and position (0-based), broadcast together.
 
         The design row of position ``k`` is ``u_k + l w_k`` (``l = logit(c)``, ``u_k`` the
         intercept's and ``w_k`` the slope's indicator), so ``eta`` and its variance are
-        per-position polynomials in ``l``: a few passes over ``[n, gamma]``, no design matrix.
+        per-position polynomials in ``l``: a few passes over the drafts, no design matrix.
         """
         c = np.asarray(confidence, dtype=np.float64)
         if self.coef is None:
             return np.clip(c, _EPS, 1.0)
-        gamma = c.shape[1]
+        gamma, k = self.gamma, np.arange(self.gamma)
         l = _logit(np.where(np.isnan(c), 0.5, c))
-        b, k = self.coef, np.arange(gamma)
-        eta = (b[0] + b[2 + k]) + (b[1] + b[2 + gamma + k]) * l
+        b = self.coef
+        eta = (b[0] + b[2 + k])[position] + (b[1] + b[2 + gamma + k])[position] * l
         if z:
             u, w = np.zeros((gamma, b.size)), np.zeros((gamma, b.size))
             u[:, 0], u[k, 2 + k], w[:, 1], w[k, 2 + gamma + k] = 1.0, 1.0, 1.0, 1.0
             cu, cw = u @ self.cov, w @ self.cov
-            var = (cu * u).sum(1) + l * (2.0 * (cu * w).sum(1)) + l * l * (cw * w).sum(1)
+            var = (cu * u).sum(1)[position] + l * (2.0 * (cu * w).sum(1))[position] + l * l * (cw * w).sum(1)[position]
             eta = eta + z * np.sqrt(np.maximum(var, 0.0))
         return _sigmoid(eta)
 
     def accept(self, confidence: np.ndarray, p: np.ndarray, *, z: float = 0.0) -> np.ndarray:
         """``min(1, p / q̂)`` (``z > 0`` raises ``q̂``: a lower acceptance)."""
+        c = np.asarray(confidence, dtype=np.float64)
+        return self.accept_at(c, np.arange(c.shape[1]), p, z=z)
+
+    def accept_at(self, confidence: np.ndarray, position: np.ndarray, p: np.ndarray, *, z: float = 0.0) -> np.ndarray:
+        """:meth:`accept` of drafts given by confidence, position (0-based) and target probability."""
         with np.errstate(invalid="ignore", divide="ignore"):
-            return np.minimum(1.0, np.asarray(p, dtype=np.float64) / self.q(confidence, z=z))
+            return np.minimum(1.0, np.asarray(p, dtype=np.float64) / self.q_at(confidence, position, z=z))
 
 
 def fit_drafter_map(confidence: np.ndarray, p_draft: np.ndarray, topk_state: np.ndarray, window: np.ndarray,

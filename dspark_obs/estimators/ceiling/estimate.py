@@ -197,41 +197,51 @@ def estimate_ceiling(
     n, gamma = drafts.shape
     greedy = np.broadcast_to(np.asarray(greedy, dtype=bool), (n,))
     conf = _as_2d(confidence, (n, gamma), "confidence")
-    q = _as_2d(q_draft, (n, gamma), "q_draft")
-    p_json = _as_2d(p_draft, (n, gamma), "p_draft")
-    p = np.where(np.isnan(p_json), evidence.p_draft, p_json)
+    p = evidence.p_draft
+    if p_draft is not None:
+        p_json = _as_2d(p_draft, (n, gamma), "p_draft")
+        p = np.where(np.isnan(p_json), p, p_json)
+    q = None if q_draft is None else _as_2d(q_draft, (n, gamma), "q_draft")
 
     walk = walk_blocks(drafts, window, correct, evidence.realised, natural_end)
     if model is None:
         model = fit_acceptance_model(conf, window, correct, greedy, p_topk=evidence.p_topk,
                                      topk_state=evidence.topk_state)
-    g = greedy[:, None]
-    eq = walk.matched.astype(np.float64)
-    with np.errstate(invalid="ignore", over="ignore"):
-        exact = np.minimum(1.0, p / q)              # NaN unless both are known
-    known = ~np.isnan(exact)
     if method == "sglang":
-        proxy = np.where(np.isnan(conf), model.base_rate[False], conf)
-        a = np.where(g, eq, np.where(known, exact, proxy))
-        lo, mid, hi = sglang_interval(walk, a)
-        halfway = 0.5 * (position_survival(walk, a, tail=0.0) + position_survival(walk, a, tail=1.0))
-        return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model, survival=halfway)
+        return _sglang_estimate(walk, conf, p, q, greedy, model)
     if drafter is None:
         drafter = fit_drafter_map(conf, p, evidence.topk_state, window, correct, ~greedy)
     if use_drafter is None:
         use_drafter = drafter_explains_better(drafter, model, conf, p, evidence, window, correct, ~greedy)
-    a_lo, a_mid, a_hi = _default_factors(conf, p, evidence, model, drafter if use_drafter else None,
-                                         np.where(g, eq, np.nan), np.where(known, exact, np.nan))
-    prior = model.prior(conf, greedy)
     if use_drafter:
         binned_prior = binned_prior or fit_binned_prior(conf, window, correct, ~greedy)
-        if binned_prior is not None:
-            prior = np.where(g, prior, binned_prior.prior(conf))
-    lo = ceiling_from_factors(walk, a_lo, tail=_TAIL_LO)
-    hi = ceiling_from_factors(walk, a_hi, tail=_TAIL_HI)
-    mid = ceiling_from_factors(walk, a_mid, tail=prior)
-    return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model,
-                           survival=position_survival(walk, a_mid, tail=prior))
+    # Only censored steps have a ceiling to estimate; the others accepted ``correct`` drafts.
+    rows = np.flatnonzero(walk.censored)
+    part = walk.take(rows)
+    pick = lambda x: None if x is None else x[rows]  # noqa: E731
+    a_lo, a_mid, a_hi = _default_factors(part, pick(conf), pick(p), pick(evidence.p_topk), pick(evidence.topk_state),
+                                         greedy[rows], pick(q), model, drafter if use_drafter else None)
+    prior = _tail_prior(part, pick(conf), greedy[rows], model, binned_prior if use_drafter else None)
+    lo, mid, hi = (np.array(correct, dtype=np.float64) for _ in range(3))
+    lo[rows] = ceiling_from_factors(part, a_lo, tail=_TAIL_LO)
+    hi[rows] = ceiling_from_factors(part, a_hi, tail=_TAIL_HI)
+    mid[rows] = ceiling_from_factors(part, a_mid, tail=prior)
+    survival = (np.arange(1, gamma + 1)[None, :] <= correct[:, None]).astype(np.float64)
+    survival[rows] = position_survival(part, a_mid, tail=prior)
+    return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model, survival=survival)
+
+
+def _sglang_estimate(walk: Walk, conf, p, q, greedy, model: AcceptanceModel) -> CeilingEstimate:
+    """SGLang's interval rule: ``a_k`` is the realised equality (greedy), ``min(1, p/q)`` (JSONL) or the
+    head's confidence."""
+    g = greedy[:, None]
+    with np.errstate(invalid="ignore", over="ignore"):
+        exact = np.full(p.shape, np.nan) if q is None else np.minimum(1.0, p / q)   # NaN unless both are known
+    proxy = np.where(np.isnan(conf), model.base_rate[False], conf)
+    a = np.where(g, walk.matched.astype(np.float64), np.where(~np.isnan(exact), exact, proxy))
+    lo, mid, hi = sglang_interval(walk, a)
+    halfway = 0.5 * (position_survival(walk, a, tail=0.0) + position_survival(walk, a, tail=1.0))
+    return CeilingEstimate(walk=walk, lo=lo, mid=mid, hi=hi, model=model, survival=halfway)
 
 
 def _checked_steps(drafts, window, correct) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -252,29 +262,62 @@ def _checked_steps(drafts, window, correct) -> tuple[np.ndarray, np.ndarray, np.
     return drafts, window, correct
 
 
-def _default_factors(conf, p, evidence: Evidence, model: AcceptanceModel, drafter: DrafterMap | None,
-                     greedy_eq: np.ndarray, exact: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-draft acceptance ``(a_lo, a_mid, a_hi)`` of the default method.
+def _default_factors(walk: Walk, conf, p, p_topk, topk_state, greedy, q, model: AcceptanceModel,
+                     drafter: DrafterMap | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-draft acceptance ``(a_lo, a_mid, a_hi)`` of the default method on the walked drafts (1 elsewhere).
 
-    ``greedy_eq`` (the draft matched its realised token, NaN on sampled steps)
-    decides a greedy step; else ``exact`` (``min(1, p/q)`` from SGLang's JSONL,
-    NaN unknown); else the drafter map's band (``drafter`` given) or ``[p, 1]``
-    around the acceptance model's guess.
+    A greedy step is decided by whether the draft matched its realised token;
+    else ``min(1, p/q)`` from SGLang's JSONL where both are known; else the
+    drafter map's band (``drafter`` given) or ``[p, 1]`` around the acceptance
+    model's guess.  Only the walked drafts are computed (the chain reads no other).
     """
-    p_known = ~np.isnan(p)
-    guess = model.draft(conf, evidence.p_topk, evidence.topk_state)
+    m, gamma = walk.walked.shape
+    cell = np.flatnonzero(walk.walked)
+    g = greedy[cell // gamma]
+    p = p.reshape(-1)[cell]
+    exact = np.full(cell.size, np.nan)
+    if q is not None:
+        with np.errstate(invalid="ignore", over="ignore"):
+            exact = np.minimum(1.0, p / q.reshape(-1)[cell])    # NaN unless both are known
+    eq = walk.matched.reshape(-1)[cell].astype(np.float64)
+    lo, mid, hi = eq.copy(), eq.copy(), eq.copy()
+    known = ~g & ~np.isnan(exact)
+    for a in (lo, mid, hi):
+        a[known] = exact[known]
+    est = np.flatnonzero(~g & ~known)                      # the drafts to estimate
+    at, k, c, pe = cell[est], cell[est] % gamma, conf.reshape(-1)[cell[est]], p[est]
+    p_known = ~np.isnan(pe)
+    guess_at = ~p_known if drafter is not None else np.ones(est.size, dtype=bool)
+    mapped = np.full(est.size, np.nan)
+    mapped[guess_at] = model.draft_at(c[guess_at], k[guess_at] + 1, p_topk.reshape(-1)[at[guess_at]],
+                                      topk_state.reshape(-1)[at[guess_at]])
     if drafter is not None:
-        mapped = np.where(p_known, drafter.accept(conf, p), guess)
-        a_lo = np.where(p_known, drafter.accept(conf, p, z=_Z), 0.0)
-        a_hi = np.where(p_known, drafter.accept(conf, p, z=-_Z), 1.0)
+        a_lo, a_hi = np.zeros(est.size), np.ones(est.size)
+        ck, kk, pk = c[p_known], k[p_known], pe[p_known]
+        mapped[p_known] = drafter.accept_at(ck, kk, pk)
+        a_lo[p_known] = drafter.accept_at(ck, kk, pk, z=_Z)
+        a_hi[p_known] = drafter.accept_at(ck, kk, pk, z=-_Z)
     else:
-        mapped = guess
-        a_lo, a_hi = np.nan_to_num(p, nan=0.0), np.ones_like(p)
-    g, known = ~np.isnan(greedy_eq), ~np.isnan(exact)
-    a_lo = np.where(g, greedy_eq, np.where(known, exact, a_lo))
-    a_hi = np.where(g, greedy_eq, np.where(known, exact, a_hi))
-    a_mid = np.where(g, greedy_eq, np.where(known, exact, np.clip(mapped, a_lo, a_hi)))
-    return a_lo, a_mid, a_hi
+        a_lo, a_hi = np.nan_to_num(pe, nan=0.0), np.ones(est.size)
+    lo[est], hi[est], mid[est] = a_lo, a_hi, np.clip(mapped, a_lo, a_hi)
+    out = tuple(np.ones((m, gamma)) for _ in range(3))
+    for full, a in zip(out, (lo, mid, hi)):
+        full.reshape(-1)[cell] = a
+    return out
+
+
+def _tail_prior(walk: Walk, conf, greedy, model: AcceptanceModel, binned: BinnedPrior | None) -> np.ndarray:
+    """``[m, gamma]`` acceptance of the unverifiable drafts in ``mid`` (0 elsewhere): the acceptance model's
+    prior, or with the drafter map the verified drafts' rate in the same confidence bin (sampled steps)."""
+    m, gamma = walk.walked.shape
+    cell = np.flatnonzero(walk.unverifiable)
+    g, k, c = greedy[cell // gamma], cell % gamma, conf.reshape(-1)[cell]
+    prior = model.prior_at(c, k + 1, g)
+    if binned is not None:
+        prior = np.where(g, prior, binned.prior_at(c, k))
+    out = np.zeros((m, gamma))
+    out.reshape(-1)[cell] = prior
+    return out
 
 
 def drafter_explains_better(drafter: DrafterMap, model: AcceptanceModel, conf, p, evidence: Evidence,

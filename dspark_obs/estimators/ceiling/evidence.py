@@ -18,21 +18,26 @@ temperature-scaled logprobs unless ``SGLANG_RETURN_ORIGINAL_LOGPROB`` is set
 (``sglang/srt/layers/sampler.py``), and the emulator does the same.
 
 Everything is vectorised: requests become integer codes, tokens are sorted by
-``(code, pos)`` and looked up with one ``searchsorted``.
+``(code, pos)`` and looked up by offset (a binary search for requests with gaps).
+The target probabilities are looked up only where a caller reads them
+(:func:`used_cells`: sampled steps' verified drafts and censored steps' drafts),
+which is where the top-k comparison, the costly part, is needed.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dspark_obs.acceptance import censored
 from dspark_obs.estimators.ceiling.walk import NO_TOKEN
 
 __all__ = ["TokenIndex", "Evidence", "token_index", "draft_evidence", "padded_lists", "check_alignment", "Aligned",
-           "align_requests", "MISALIGNED_SHARE"]
+           "align_requests", "MISALIGNED_SHARE", "used_cells"]
 
 
 def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype=None) -> np.ndarray:
@@ -75,14 +80,42 @@ class TokenIndex:
     top_logprobs: np.ndarray   # [t, K] float (NaN padding), as stored: widened where looked up
 
     def find(self, code: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Row of each ``(code, pos)`` and whether it exists (rows of misses are 0)."""
+        """Row of each ``(code, pos)`` and whether it exists (rows of misses are 0).
+
+        A request whose positions are one run without gaps (the usual case) is looked up by
+        arithmetic (its first row plus the offset from its first position); the others by a
+        binary search of the sorted keys.  Both give the same rows.
+        """
         if self.key.size == 0:
             return np.zeros(np.shape(pos), dtype=np.int64), np.zeros(np.shape(pos), dtype=bool)
+        code, pos = np.asarray(code, dtype=np.int64), np.asarray(pos, dtype=np.int64)
         ok = (pos >= 0) & (pos < self.stride) & (code >= 0)
-        key = np.where(ok, code * self.stride + pos, -1)
-        row = np.clip(np.searchsorted(self.key, key), 0, self.key.size - 1)
-        found = ok & (self.key[row] == key)
-        return np.where(found, row, 0), found
+        start, first, count, dense = self._runs
+        slot = np.where(ok & (code < count.size - 1), code, count.size - 1)   # the last slot: no tokens
+        off = pos - first[slot]
+        found = ok & (off >= 0) & (off < count[slot])
+        row = np.where(found, start[slot] + off, 0)
+        gaps = ok & ~dense[slot]
+        if gaps.any():
+            key = code[gaps] * self.stride + pos[gaps]
+            at = np.clip(np.searchsorted(self.key, key), 0, self.key.size - 1)
+            hit = self.key[at] == key
+            found[gaps], row[gaps] = hit, np.where(hit, at, 0)
+        return row, found
+
+    @cached_property
+    def _runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per request code (plus an empty last slot): first row, first position, rows, and whether the
+        positions are gapless."""
+        codes = int(self.key[-1] // self.stride) + 1
+        bounds = np.searchsorted(self.key, np.arange(codes + 1) * self.stride)
+        start, count = bounds[:-1], np.diff(bounds)
+        held = count > 0
+        first = np.where(held, self.key[np.minimum(start, self.key.size - 1)] - np.arange(codes) * self.stride, 0)
+        last = np.where(held, self.key[np.maximum(bounds[1:] - 1, 0)] - np.arange(codes) * self.stride, -1)
+        dense = ~held | (last - first + 1 == count)
+        return (np.append(start, 0), np.append(first, 0), np.append(np.where(held, count, 0), 0),
+                np.append(dense, True))
 
 
 def token_index(code: np.ndarray, pos: np.ndarray, token_id: np.ndarray, *,
@@ -125,44 +158,68 @@ class Evidence:
 
 
 def draft_evidence(index: TokenIndex, code: np.ndarray, first_pos: np.ndarray,
-                   drafts: np.ndarray, *, chunk_rows: int = 100_000) -> Evidence:
+                   drafts: np.ndarray, *, cells: np.ndarray | None = None, chunk_rows: int = 100_000) -> Evidence:
     """Look up every draft's output position (``first_pos + k - 1``) in ``index``.
 
     ``code`` [n] is the request code of each step (``-1``: no tokens known),
     ``first_pos`` [n] the output position of ``d_1``, ``drafts`` [n, gamma].
+    ``cells`` (bool [n, gamma], default all) are the drafts whose target
+    probabilities are wanted (:func:`used_cells`); elsewhere ``p_draft`` and
+    ``p_topk`` are NaN and ``topk_state`` 0, while ``realised`` is always whole.
     Steps are processed ``chunk_rows`` at a time (the top-k comparison holds
     ``rows x gamma x K`` values).
     """
     drafts = np.asarray(drafts, dtype=np.int64)
     code, first_pos = np.asarray(code, dtype=np.int64), np.asarray(first_pos, dtype=np.int64)
+    cells = np.ones(drafts.shape, dtype=bool) if cells is None else np.asarray(cells, dtype=bool)
     if len(drafts) > chunk_rows:
         parts = [_draft_evidence(index, code[i:i + chunk_rows], first_pos[i:i + chunk_rows],
-                                 drafts[i:i + chunk_rows]) for i in range(0, len(drafts), chunk_rows)]
+                                 drafts[i:i + chunk_rows], cells[i:i + chunk_rows])
+                 for i in range(0, len(drafts), chunk_rows)]
         return Evidence(*(np.concatenate([getattr(p, f) for p in parts]) for f in
                           ("realised", "p_draft", "p_topk", "topk_state")))
-    return _draft_evidence(index, code, first_pos, drafts)
+    return _draft_evidence(index, code, first_pos, drafts, cells)
 
 
-def _draft_evidence(index: TokenIndex, code: np.ndarray, first_pos: np.ndarray, drafts: np.ndarray) -> Evidence:
+def used_cells(window: np.ndarray, correct: np.ndarray, greedy: np.ndarray, gamma: int) -> np.ndarray:
+    """``[n, gamma]`` drafts whose target probability the estimate or the fit reads: on sampled steps,
+    the verified drafts (the fit: offsets up to the first rejection) and every draft of a censored step
+    (the walk).  A greedy step is decided by equality alone."""
+    window, correct = np.asarray(window, dtype=np.int64), np.asarray(correct, dtype=np.int64)
+    offset = np.arange(1, gamma + 1)[None, :]
+    verified = offset <= np.minimum(correct + 1, window)[:, None]
+    return ~np.asarray(greedy, dtype=bool)[:, None] & (verified | censored(window, correct, gamma)[:, None])
+
+
+def _draft_evidence(index: TokenIndex, code: np.ndarray, first_pos: np.ndarray, drafts: np.ndarray,
+                    cells: np.ndarray) -> Evidence:
     n, gamma = drafts.shape
     pos = np.asarray(first_pos, dtype=np.int64)[:, None] + np.arange(gamma)[None, :]
     codes = np.broadcast_to(np.asarray(code, dtype=np.int64)[:, None], pos.shape)
     row, found = index.find(codes, pos)
     realised = np.where(found, index.token_id[row] if index.key.size else NO_TOKEN, NO_TOKEN)
-    p_real = np.where(found & (realised == drafts), np.exp(index.logprob[row]) if index.key.size else np.nan,
-                      np.nan)
-    k = index.top_ids.shape[1]
+    p_draft = np.full((n, gamma), np.nan)
     p_topk = np.full((n, gamma), np.nan)
     state = np.zeros((n, gamma), dtype=np.int8)
-    if k and index.key.size:
-        ids = index.top_ids[row]                       # [n, gamma, K]
-        has_top = found & (ids >= 0).any(axis=2)
-        hit = (ids == drafts[:, :, None]) & has_top[:, :, None]
-        in_top = hit.any(axis=2)
-        lp = index.top_logprobs[row, hit.argmax(axis=2)].astype(np.float64)   # only the hit's logprob
-        p_topk = np.where(in_top, np.exp(lp), np.nan)
-        state = np.where(in_top, 1, np.where(has_top, 2, 0)).astype(np.int8)
-    p_draft = np.where(np.isnan(p_real), p_topk, p_real)
+    at = np.flatnonzero(cells & found)            # the wanted drafts the output holds
+    if at.size == 0:
+        return Evidence(realised=realised.astype(np.int64), p_draft=p_draft, p_topk=p_topk, topk_state=state)
+    rows, draft = row.reshape(-1)[at], drafts.reshape(-1)[at]
+    real = realised.reshape(-1)[at] == draft
+    k = index.top_ids.shape[1]
+    if k:
+        ids = index.top_ids[rows]                      # [cells, K]
+        has_top = (ids >= 0).any(axis=1)
+        hit = (ids == draft[:, None]) & has_top[:, None]
+        in_top = hit.any(axis=1)
+        lp = index.top_logprobs[rows, hit.argmax(axis=1)].astype(np.float64)   # only the hit's logprob
+        top = np.where(in_top, np.exp(lp), np.nan)
+        p_topk.reshape(-1)[at] = top
+        state.reshape(-1)[at] = np.where(in_top, 1, np.where(has_top, 2, 0))
+    else:
+        top = np.full(at.size, np.nan)
+    p_real = np.where(real, np.exp(index.logprob[rows]), np.nan)
+    p_draft.reshape(-1)[at] = np.where(np.isnan(p_real), top, p_real)
     return Evidence(realised=realised.astype(np.int64), p_draft=p_draft, p_topk=p_topk, topk_state=state)
 
 
@@ -206,8 +263,9 @@ class Aligned:
 
 def align_requests(index: TokenIndex, code: np.ndarray, n_requests: int, first_pos: np.ndarray, drafts: np.ndarray,
                    correct: np.ndarray, bonus: np.ndarray, *, token_counts: np.ndarray, completion: np.ndarray,
-                   stop: np.ndarray) -> Aligned:
-    """Evidence per drafted position, the requests whose tokens do not line up, and natural ends.
+                   stop: np.ndarray, cells: np.ndarray | None = None) -> Aligned:
+    """Evidence per drafted position (target probabilities at ``cells``, default all: see
+    :func:`draft_evidence`), the requests whose tokens do not line up, and natural ends.
 
     ``code`` is each step's request code (-1: no rid), ``first_pos`` the
     output position of its ``d_1``; ``token_counts`` / ``completion`` /
@@ -219,13 +277,13 @@ def align_requests(index: TokenIndex, code: np.ndarray, n_requests: int, first_p
     time) get what one pass over the run would.
     """
     slot = np.where(code < 0, n_requests, code)
-    evidence = draft_evidence(index, code, first_pos, drafts)
+    evidence = draft_evidence(index, code, first_pos, drafts, cells=cells)
     aligned = check_alignment(evidence, drafts, correct, bonus)
     bad = np.bincount(slot[aligned < 0], minlength=n_requests + 1)
     checked = np.bincount(slot[aligned != 0], minlength=n_requests + 1)
     misaligned = (checked > 0) & (bad > MISALIGNED_SHARE * checked)
     misaligned[-1] = False
     if misaligned.any():
-        evidence = draft_evidence(index, np.where(misaligned[slot], -1, code), first_pos, drafts)
+        evidence = draft_evidence(index, np.where(misaligned[slot], -1, code), first_pos, drafts, cells=cells)
     natural_end = np.asarray(stop, dtype=bool) & (np.asarray(token_counts) == np.asarray(completion)) & ~misaligned[slot]
     return Aligned(evidence, misaligned, natural_end, int(bad.sum()), int(checked.sum()))

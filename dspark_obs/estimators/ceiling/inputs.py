@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 from dspark_obs.acceptance import mode_block_accept
 from dspark_obs.estimators import pairing, sampling
-from dspark_obs.estimators.ceiling.evidence import align_requests, padded_lists, token_index
+from dspark_obs.estimators.ceiling.evidence import align_requests, padded_lists, token_index, used_cells
 from dspark_obs.estimators.chunks import ALL, Chunk
 
 __all__ = ["fetch", "column_array", "codes", "run_meta", "truth_of", "run_rids", "run_gamma", "load_steps",
@@ -164,7 +164,7 @@ def check_alignment_share(run_id: str, bad: int, checked: int) -> None:
 
 
 def aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, correct: np.ndarray,
-                      chunk: Chunk = ALL) -> AlignedChunk:
+                      chunk: Chunk = ALL, cells: np.ndarray | None = None) -> AlignedChunk:
     """Evidence per drafted position, the requests whose tokens do not line up, and natural ends.
 
     Output position of ``d_1`` = ``prefix_len - prompt_tokens + 1``; a missing
@@ -186,7 +186,8 @@ def aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, corr
 
     tokens = fetch(con, _TOKENS_SQL.format(tokens_rid=chunk.on("rid")), {"run": run_id, **chunk.params})
     tcode, _ = codes(tokens.column("rid"), rids)
-    tokens, tcode = tokens.filter(pa.array(tcode >= 0)), tcode[tcode >= 0]
+    if (tcode < 0).any():  # tokens of requests without steps here (a copy of their top-k lists: only then)
+        tokens, tcode = tokens.filter(pa.array(tcode >= 0)), tcode[tcode >= 0]
     index = token_index(tcode, column_array(tokens, "pos", np.int64, -1), column_array(tokens, "token_id", np.int64, -1),
                         logprob=column_array(tokens, "logprob", np.float64, np.nan),
                         top_ids=padded_lists(tokens.column("top_ids"), fill=-1),
@@ -195,7 +196,8 @@ def aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, corr
     completion = column_array(steps, "completion_tokens", np.int64, -1)
     stop = pc.fill_null(pc.equal(steps.column("finish_reason"), "stop"), False).to_numpy(zero_copy_only=False)
     al = align_requests(index, code, n_req, first_pos, drafts, correct, column_array(steps, "bonus_token", np.int64, -1),
-                        token_counts=np.bincount(tcode, minlength=n_req + 1)[slot], completion=completion, stop=stop)
+                        token_counts=np.bincount(tcode, minlength=n_req + 1)[slot], completion=completion, stop=stop,
+                        cells=cells)
     bad_codes = np.flatnonzero(al.misaligned[:-1])
     names = np.asarray(rids.to_pylist(), dtype=object)[bad_codes]
     return AlignedChunk(al.evidence, [str(r) for r in names], al.natural_end, code, rids, bad_codes, n_req,
@@ -255,8 +257,19 @@ class InferredSampling:
 _OVERRIDES_SQL = "SELECT rid, temperature FROM sampling_overrides WHERE run_id = $run ORDER BY rid NULLS LAST"
 
 
+_UNRECORDED_SQL = """
+SELECT count(*) FROM (SELECT DISTINCT rid FROM step_reqs WHERE run_id = $run AND rid IS NOT NULL) AS s
+WHERE s.rid NOT IN (SELECT rid FROM requests WHERE run_id = $run AND rid IS NOT NULL AND temperature IS NOT NULL)
+"""
+_NO_EVIDENCE = pa.table({"rid": pa.array([], pa.string()), "n_topk": pa.array([], pa.int64()),
+                         "n_top1": pa.array([], pa.int64()), "log_p_top1": pa.array([], pa.float64())})
+
+
 def infer_sampling(con, run_id: str, alpha: float) -> InferredSampling:
-    evidence = fetch(con, sampling.TOKEN_EVIDENCE_SQL, {"run": run_id})
+    """The run's sampling evidence; its tokens' top-k are read (a pass over the run's tokens) only when
+    some request recorded no temperature: a recorded one decides, whatever the tokens say."""
+    unrecorded = con.sql(_UNRECORDED_SQL, params={"run": run_id}).fetchall()[0][0]
+    evidence = fetch(con, sampling.TOKEN_EVIDENCE_SQL, {"run": run_id}) if unrecorded else _NO_EVIDENCE
     log_p = column_array(evidence, "log_p_top1", np.float64, 0.0)
     kinds = sampling.infer_greedy(column_array(evidence, "n_topk", np.int64, 0), column_array(evidence, "n_top1", np.int64, 0),
                                   log_p, alpha=alpha)
@@ -298,5 +311,5 @@ def load_inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None, *, infe
     correct = column_array(steps, "correct_drafts", np.int64, 0)
     temp, kind, source = _sampling(steps, inferred, temperature)
     greedy = kind == sampling.GREEDY   # unknown sampling: the sampled rule
-    aligned = aligned_evidence(con, run_id, steps, drafts, correct, chunk)
+    aligned = aligned_evidence(con, run_id, steps, drafts, correct, chunk, used_cells(window, correct, greedy, gamma))
     return ChunkInputs(steps, drafts, conf, window, correct, greedy, aligned, temp, kind, source), mode, gamma

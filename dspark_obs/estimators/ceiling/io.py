@@ -37,6 +37,7 @@ from dspark_obs.estimators.ceiling.inputs import (
 )
 from dspark_obs.estimators.ceiling.partial import RunPartial, RunTotals, rid_positions, workload_labels
 from dspark_obs.estimators.ceiling.prior import fit_acceptance_parts, fit_binned_parts
+from dspark_obs.estimators.ceiling.walk import CATEGORIES
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_parts, sample_requests
 from dspark_obs.store import validate_run_id
 
@@ -78,15 +79,18 @@ class CeilingRun:
         return self.table
 
 
+_CATEGORY_NAMES = pa.array(CATEGORIES, pa.string())
+
+
 def _ceiling_table(steps: pa.Table, est, x: "ChunkInputs", method: str) -> pa.Table:
     n = steps.num_rows
     window, correct = x.window, x.correct
     cols = {name: steps.column(name) for name in ("dp_rank", "forward_ct", "segment", "rid", "workload")}
     return pa.table({
         **cols, "temperature": pa.array(x.temperature.astype(np.float32), from_pandas=True),
-        "sampling": pa.array(x.sampling.astype(str)), "sampling_source": pa.array(x.sampling_source.astype(str)),
+        "sampling": pa.array(x.sampling, pa.string()), "sampling_source": pa.array(x.sampling_source, pa.string()),
         "prefix_len": steps.column("prefix_len"), "window": pa.array(window.astype(np.int16)), "correct_drafts": pa.array(correct.astype(np.int16)),
-        "censored": pa.array(est.walk.censored), "category": pa.array(est.category.astype(str)),
+        "censored": pa.array(est.walk.censored), "category": _CATEGORY_NAMES.take(pa.array(est.walk.category)),
         "walked": pa.array(est.walk.n_walked.astype(np.int16)),
         "lo": pa.array(est.lo), "mid": pa.array(est.mid), "hi": pa.array(est.hi),
         "method": pa.array([method] * n, pa.string()),

@@ -42,7 +42,6 @@ _EPS_C = 1e-4
 _MIN_ROWS = 50
 _RIDGE_POSITION = 10.0
 _RIDGE_EVIDENCE = 1.0
-_BLOCK_ROWS = 32_768  # steps whose design matrix is built at once when applying a model
 
 
 def _logit(c: np.ndarray) -> np.ndarray:
@@ -157,34 +156,48 @@ class AcceptanceModel:
 
     def prior(self, confidence: np.ndarray, greedy: np.ndarray) -> np.ndarray:
         """``[n, gamma]`` acceptance probability of a draft from the head's confidence alone."""
-        confidence = np.asarray(confidence, dtype=np.float64)
+        c = np.asarray(confidence, dtype=np.float64)
+        greedy = np.broadcast_to(np.asarray(greedy, dtype=bool)[:, None], c.shape)
+        return self.prior_at(c, np.broadcast_to(np.arange(1, self.gamma + 1)[None, :], c.shape), greedy)
+
+    def prior_at(self, confidence: np.ndarray, offset: np.ndarray, greedy: np.ndarray) -> np.ndarray:
+        """:meth:`prior` of drafts given one by one: confidence, offset (1..gamma) and greedy per draft."""
         greedy = np.asarray(greedy, dtype=bool)
-        if len(confidence) > _BLOCK_ROWS:  # the design matrix holds ~10 values per draft: bound it
-            return np.concatenate([self.prior(confidence[i:i + _BLOCK_ROWS], greedy[i:i + _BLOCK_ROWS])
-                                   for i in range(0, len(confidence), _BLOCK_ROWS)])
-        c = self._impute(confidence, greedy[:, None])
-        offset = np.broadcast_to(np.arange(1, self.gamma + 1)[None, :], c.shape)
+        c = self._impute(np.asarray(confidence, dtype=np.float64), greedy)
         out = np.clip(c, 0.0, 1.0)
         for kind in (True, False):
             coef, rows = self.prior_coef.get(kind), greedy == kind
             if coef is not None and rows.any():
-                x, _ = _design(c[rows], offset[rows], self.gamma, None, None)
-                out[rows] = _sigmoid(x @ coef)
+                out[rows] = _sigmoid(_linear(coef, c[rows], np.asarray(offset)[rows], self.gamma))
         return out
 
     def draft(self, confidence: np.ndarray, p_topk: np.ndarray, topk_state: np.ndarray) -> np.ndarray:
         """``[n, gamma]`` acceptance probability of temperature drafts given the top-k evidence."""
-        if len(confidence) > _BLOCK_ROWS:
-            return np.concatenate([self.draft(confidence[i:i + _BLOCK_ROWS], p_topk[i:i + _BLOCK_ROWS],
-                                              topk_state[i:i + _BLOCK_ROWS])
-                                   for i in range(0, len(confidence), _BLOCK_ROWS)])
-        greedy = np.zeros(len(confidence), dtype=bool)
+        c = np.asarray(confidence, dtype=np.float64)
+        return self.draft_at(c, np.broadcast_to(np.arange(1, self.gamma + 1)[None, :], c.shape), p_topk, topk_state)
+
+    def draft_at(self, confidence: np.ndarray, offset: np.ndarray, p_topk: np.ndarray,
+                 topk_state: np.ndarray) -> np.ndarray:
+        """:meth:`draft` of drafts given one by one (confidence, offset 1..gamma and the top-k evidence)."""
+        c = np.asarray(confidence, dtype=np.float64)
         if self.draft_coef is None:
-            return self.prior(confidence, greedy)
-        c = self._impute(np.asarray(confidence, dtype=np.float64), False)
-        offset = np.broadcast_to(np.arange(1, self.gamma + 1)[None, :], c.shape)
-        x, _ = _design(c, offset, self.gamma, np.asarray(p_topk), np.asarray(topk_state))
-        return _sigmoid(x @ self.draft_coef)
+            return self.prior_at(c, offset, np.zeros(c.shape, dtype=bool))
+        return _sigmoid(_linear(self.draft_coef, self._impute(c, False), np.asarray(offset), self.gamma,
+                                np.asarray(p_topk), np.asarray(topk_state)))
+
+
+def _linear(coef: np.ndarray, c: np.ndarray, offset: np.ndarray, gamma: int, p_topk: np.ndarray | None = None,
+            topk_state: np.ndarray | None = None) -> np.ndarray:
+    """``_design(c, offset, ...) @ coef`` draft by draft, without the design matrix: its nonzero terms in a
+    fixed order, so a draft's value does not depend on the drafts computed beside it (a BLAS product's
+    rounding can, by where the draft falls in the kernel's blocks)."""
+    lc = _logit(c)
+    eta = coef[0] + coef[1] * lc + coef[1 + offset] * lc
+    if topk_state is not None:
+        in_top = topk_state == 1
+        logp = np.log(np.clip(np.nan_to_num(p_topk, nan=1.0), 1e-6, 1.0))
+        eta = eta + coef[gamma + 2] * in_top + coef[gamma + 3] * (in_top * logp) + coef[gamma + 4] * (topk_state == 2)
+    return eta
 
 
 def fit_acceptance_model(
@@ -253,9 +266,13 @@ class BinnedPrior:
 
     def prior(self, confidence: np.ndarray) -> np.ndarray:
         c = np.asarray(confidence, dtype=np.float64)
+        return self.prior_at(c, np.broadcast_to(np.arange(c.shape[1])[None, :], c.shape))
+
+    def prior_at(self, confidence: np.ndarray, position: np.ndarray) -> np.ndarray:
+        """:meth:`prior` of drafts given one by one: confidence and position (0-based) per draft."""
+        c = np.asarray(confidence, dtype=np.float64)
         b = np.clip(np.searchsorted(self.edges, np.nan_to_num(c, nan=0.5), side="right") - 1, 0, self.rate.shape[1] - 1)
-        k = np.broadcast_to(np.arange(c.shape[1])[None, :], c.shape)
-        return np.where(np.isnan(c), self.fallback, self.rate[k, b])
+        return np.where(np.isnan(c), self.fallback, self.rate[position, b])
 
 
 _PSEUDO = 20.0

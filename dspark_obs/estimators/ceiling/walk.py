@@ -73,6 +73,11 @@ class Walk:
     unverifiable: np.ndarray    # [n, gamma] bool: trimmed drafts the output cannot speak for
     stop_offset: np.ndarray     # [n] int: offset where the walk stopped (diverged / ran out), 0 if none
 
+    def take(self, rows: np.ndarray) -> "Walk":
+        """The walk of the steps ``rows`` only."""
+        return Walk(self.gamma, *(getattr(self, name)[rows] for name in (
+            "window", "correct", "censored", "category", "walked", "matched", "unverifiable", "stop_offset")))
+
     @property
     def n_walked(self) -> np.ndarray:
         """Trimmed drafts compared with the output, per step."""

@@ -18,6 +18,10 @@ ds, f = widgets.page("Calibration",
 _LABEL_PREFERENCE = ("companion", "reconstructed", "observed")
 # the figures the report gates (debiased ECE, AUROC) beside the plug-in ECE and Brier
 _METRICS = ("ece", "debiased_ece", "brier", "auroc")
+_VIEWS = ("reliability diagram", "metrics by position")
+_VIEWS_HELP = ("reliability diagram: predicted survival against the observed rate per bin and draft position; "
+               "metrics by position: ECE (plug-in and debiased), Brier and AUROC with their CIs, against the "
+               "report's limits.")
 
 
 @st.cache_data(show_spinner="Fitting STS temperatures ...", max_entries=32)
@@ -76,15 +80,19 @@ with widgets.guard("Calibration tables"):
             sel = mine[(mine["labels"] == kind) & (mine["workload"] != "*")]
             sel_bins = bins[(bins["labels"] == kind) & (bins["workload"] != "*")]
             color_by = "workload"
-        # The counts row doubles the figure's axes, the most of what a browser spends on this page: on request.
-        counts = urlstate.toggle("Bin counts under the reliability diagram", key="cal_counts",
-                                 help="A row of request-steps per bin (log scale) under each position; without "
-                                      "it the marker sizes and hovers still show them.")
-        widgets.show_chart(charts.reliability_diagram(sel_bins, color_by=color_by, count_row=counts),
-                           key="calibration-reliability")
-        widgets.show_chart(charts.calibration_metrics(sel, color_by=color_by, metrics=_METRICS,
-                                                      limits=verdicts.report_limits(ds, f)),
-                           key="calibration-metrics")
+        # One view at a time (kept in the URL): what a browser spends on this page is the axes it draws.
+        view = urlstate.segmented_control("Show", list(_VIEWS), key="cal_view", help=_VIEWS_HELP)
+        if view == "reliability diagram":
+            # The counts row doubles the figure's axes: on request.
+            counts = urlstate.toggle("Bin counts under the reliability diagram", key="cal_counts",
+                                     help="A row of request-steps per bin (log scale) under each position; without "
+                                          "it the marker sizes and hovers still show them.")
+            widgets.show_chart(charts.reliability_diagram(sel_bins, color_by=color_by, count_row=counts),
+                               key="calibration-reliability")
+        else:
+            widgets.show_chart(charts.calibration_metrics(sel, color_by=color_by, metrics=_METRICS,
+                                                          limits=verdicts.report_limits(ds, f)),
+                               key="calibration-metrics")
         with st.expander("Metrics as a table"):
             widgets.table(sel, key="calibration", column_config={
                 c: st.column_config.NumberColumn(format="%.4f")
@@ -106,11 +114,9 @@ with widgets.guard("Recalibration held out"):
         recal_workload = r3.selectbox("Workload", sorted_workloads(mine["workload"]), key="recal_workload",
                                       format_func=lambda w: "all workloads (*)" if w == "*" else w)
         sel = mine[mine["workload"] == recal_workload]
-        left, right = st.columns(2)
-        with left:
-            widgets.show_chart(charts.recalibration_held_out(sel, metric="ece"), key="calibration-recal-ece")
-        with right:
-            widgets.show_chart(charts.recalibration_held_out(sel, metric="brier"), key="calibration-recal-brier")
+        metric = urlstate.segmented_control("Held-out metric", ["ece", "brier"], key="recal_metric",
+                                            help="ECE or Brier score of each map on the held-out half, per position.")
+        widgets.show_chart(charts.recalibration_held_out(sel, metric=metric), key=f"calibration-recal-{metric}")
         means = sel.groupby("method")["ece"].mean()
         st.caption("Mean held-out ECE over positions: " + ", ".join(f"{m} {means[m]:.4f}" for m in
                    RECALIBRATION_ORDER if m in means) + ". Only STS loads into SGLang 0.5.23.")
