@@ -85,8 +85,7 @@ def _collect_run(store: Store, mode: str, run_id: str, *, of: str, spec: DriveSp
                  server_opts: dict, console: Console) -> None:
     """One of the demo's runs on its own emulator: the compact run driven, or its companion replayed."""
     n_requests, concurrency, model = spec.requests, spec.concurrency, server_opts.get("model")
-    for table in store.tables():  # a re-run of the demo replaces its own runs
-        store.drop_run(table, run_id)
+    store.drop_run_everywhere(run_id)  # a re-run of the demo replaces its own runs
     with SubprocessServer(mode=mode, seed=seed, lockstep_concurrency=concurrency, lockstep_wait_s=1.0,
                           startup_timeout=60.0 if model is None else 600.0, **server_opts) as server:
         console.print(f"[bold]{mode}[/bold]: emulator on {server.url}, collecting run {run_id} "

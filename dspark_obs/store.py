@@ -48,6 +48,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from dspark_obs import fleet, quarantine, schema
+from dspark_obs.schema import conform
 
 __all__ = ["Store", "RUN_ID_PATTERN", "validate_run_id", "PART_GLOB", "is_url", "open_store", "checked_writer_id",
            "default_writer_id"]
@@ -213,7 +214,7 @@ class Store:
         is written).
         """
         validate_run_id(run_id)
-        data = _conform(table, run_id, rows)
+        data = conform.rows_for_table(table, run_id, rows)
         if data.num_rows == 0:
             return None
         if self._fleet is not None and table in fleet.FLEET_TABLES:
@@ -235,7 +236,7 @@ class Store:
         current = self.read("runs", run_id)
         row = current.drop_columns(["run_id"]).to_pylist()[-1] if current.num_rows else {}
         row.update(fields)
-        data = _conform("runs", run_id, [row])
+        data = conform.rows_for_table("runs", run_id, [row])
         partition = self._partition("runs", run_id)
         older = [_base_name(p) for p in self._listing(partition) if _PART_RE.fullmatch(_base_name(p))]
         if not self.local:
@@ -290,7 +291,7 @@ class Store:
         sub-partitions), so a worker that dies leaves nothing visible.
         """
         validate_run_id(run_id)
-        data = _conform(table, run_id, rows)
+        data = conform.rows_for_table(table, run_id, rows)
         if data.num_rows == 0:
             return None
         folder = f"{self._partition(table, run_id)}/{_staged_dir(batch)}"
@@ -358,16 +359,8 @@ class Store:
         with self.fs.open_input_file(path) as f:
             data = pq.ParquetFile(f).read()
         run_id = path[prefix:].split("/", 1)[0].removeprefix("run_id=")
-        arrays = []
-        for field in read_schema:
-            if field.name == "run_id":
-                arrays.append(pa.repeat(pa.scalar(run_id, pa.string()), data.num_rows))
-            elif field.name in data.column_names:
-                column = data.column(field.name)
-                arrays.append(column if column.type == field.type else column.cast(field.type))
-            else:
-                arrays.append(pa.nulls(data.num_rows, field.type))
-        return pa.Table.from_arrays(arrays, schema=read_schema)
+        return conform.columns_as(data, read_schema,
+                                  given={"run_id": pa.repeat(pa.scalar(run_id, pa.string()), data.num_rows)})
 
     def part_files(self, table: str, run_id: str | None = None, *, fleet_layout: bool = True) -> list[str]:
         """Paths on :attr:`fs` of the part files readers see, sorted: the flat layout's (directly in
@@ -415,6 +408,14 @@ class Store:
         return sorted({p[len(self.base) + 1:].split("/", 1)[0] for p in self._listing(self.base, recursive=True)
                        if _FLAT_PART_RE.fullmatch(p[len(self.base) + 1:])})
 
+    def drop_run_everywhere(self, run_id: str) -> int:
+        """Remove ``run_id`` from every table that has its files, results included; returns the files removed.
+
+        For a run collected or imported again under its id: its old estimates,
+        calibrations and reports would otherwise describe data that is gone.
+        """
+        return sum(self.drop_run(table, run_id) for table in self.tables())
+
     def drop_run(self, table: str, run_id: str) -> int:
         """Remove one run's partition of ``table`` (every writer's files); returns the files removed.
 
@@ -458,48 +459,3 @@ def _staged_dir(batch: str) -> str:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", batch):
         raise ValueError(f"staged batch {batch!r}: use letters, digits, '_', '.' and '-'")
     return f"_staged-{batch}"
-
-
-def _conform(table: str, run_id: str, rows: pa.Table | list[dict]) -> pa.Table:
-    """Cast ``rows`` to the file schema of ``table``; raise ValueError on a mismatch."""
-    target = schema.schema_for(table)
-    if isinstance(rows, pa.Table):
-        columns = rows.column_names
-    elif isinstance(rows, list):
-        if not all(isinstance(r, dict) for r in rows):
-            raise TypeError(f"{table}: rows must be a pyarrow.Table or a list of dicts")
-        columns = list(dict.fromkeys(k for r in rows for k in r))
-    else:
-        raise TypeError(f"{table}: rows must be a pyarrow.Table or a list of dicts, got {type(rows).__name__}")
-    if "run_id" in columns:
-        values = rows.column("run_id").to_pylist() if isinstance(rows, pa.Table) else [r.get("run_id") for r in rows]
-        if any(v != run_id for v in values):
-            raise ValueError(f"{table}: column run_id disagrees with run_id={run_id!r}; drop the column or fix it")
-        columns.remove("run_id")
-        rows = rows.drop_columns(["run_id"]) if isinstance(rows, pa.Table) else [
-            {k: v for k, v in r.items() if k != "run_id"} for r in rows]
-    extra = [c for c in columns if c not in target.names]
-    if extra:
-        raise ValueError(f"{table}: unknown columns {extra}; allowed: {', '.join(target.names)}")
-    missing = [f.name for f in target if not f.nullable and f.name not in columns]
-    if missing and len(rows):
-        raise ValueError(f"{table}: missing required columns {missing}")
-    try:
-        if isinstance(rows, list):
-            data = pa.Table.from_pylist(rows, schema=target)
-        else:
-            arrays = []
-            for field in target:
-                if field.name in columns:
-                    column = rows.column(field.name)
-                    arrays.append(column if column.type == field.type else column.cast(field.type))
-                else:
-                    arrays.append(pa.nulls(rows.num_rows, field.type))
-            data = pa.Table.from_arrays(arrays, schema=target)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError) as exc:
-        raise ValueError(f"{table}: rows do not fit the schema: {exc}") from exc
-    nulls = [f"{f.name} ({data.column(f.name).null_count})" for f in target
-             if not f.nullable and data.column(f.name).null_count]
-    if nulls:
-        raise ValueError(f"{table}: required columns hold nulls: {', '.join(nulls)}")
-    return data

@@ -201,8 +201,7 @@ def _collect_point(store, opts: SweepOptions, point: SweepPoint, url: str, on_po
     from collectors.sglang.session import CollectOptions, collect
 
     run_id = point.run_id(opts.sweep_id)
-    for table in store.tables():
-        store.drop_run(table, run_id)
+    store.drop_run_everywhere(run_id)
     spec = DriveSpec([point.workload], opts.requests_at(point.concurrency), concurrency=point.concurrency,
                      temperature=opts.temperature, max_new_tokens=opts.max_new_tokens, top_logprobs=0,
                      seed=opts.seed)

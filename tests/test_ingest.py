@@ -218,3 +218,24 @@ def test_ingest_of_only_bad_lines_exits_1_and_closes_the_run_as_an_error(tmp_pat
     run = store.read("runs", "b").to_pylist()[0]
     assert run["end_reason"].startswith("error: nothing usable imported")
     assert store.read("dead_letters", "b").num_rows == 2
+
+
+def test_replace_drops_the_runs_results_with_its_data(tmp_path):
+    from bench.ingest import make_bodies
+
+    body = tmp_path / "body.jsonl"
+    make_bodies(str(body), bodies=1, records=2)
+    out = tmp_path / "d"
+    _ingest(out, "r", "--server-info", str(body))
+    _ingest(out, "other", "--server-info", str(body))
+    store = Store(out)
+    steps = store.read("step_reqs", "r").num_rows
+    for run in ("r", "other"):  # a result of each run, as `estimate` would leave it
+        store.write("ceiling_summary", run, [{"workload": "*", "method": "default", "requests": 1, "steps": 1, "censored_steps": 0}])
+    refused = runner.invoke(app, ["ingest", "--out", str(out), "--run-id", "r", "--server-info", str(body)])
+    assert refused.exit_code != 0 and "--replace" in " ".join(refused.output.split())
+    _ingest(out, "r", "--server-info", str(body), "--replace")
+    store = Store(out)
+    assert store.read("step_reqs", "r").num_rows == steps  # the data once, not twice
+    assert store.read("ceiling_summary", "r").num_rows == 0  # its old results are gone with its old data
+    assert store.read("ceiling_summary", "other").num_rows == 1  # another run's stay

@@ -52,7 +52,7 @@ def ingest(
     workload_map: Optional[Path] = typer.Option(None, help="CSV with columns rid,workload (overrides the rid pattern) and optionally temperature (the request's sampling, 0 = greedy, for requests whose files do not say)."),
     temperature: Optional[float] = typer.Option(None, min=0.0, help="Sampling temperature of every request whose files do not say (a /generate body does not echo it); 0 = greedy. Default: `estimate` infers it from the committed tokens."),
     rid_pattern: Optional[str] = typer.Option(None, help="Regex for the workload in a rid (named group 'workload' or group 1). Default: the text before the last '-' when the rest is a number."),
-    replace: bool = typer.Option(False, help="Drop the run's data first (local store only) instead of refusing an existing run."),
+    replace: bool = typer.Option(False, help="Drop the run's data and its results (estimates, calibrations, reports) first (local store only) instead of refusing an existing run."),
     redact_text: bool = typer.Option(False, help="Store no prompt or output text."),
     label: list[str] = typer.Option([], help="KEY=VALUE label stored on the run; repeatable."),
 ) -> None:
@@ -105,8 +105,7 @@ def ingest(
             _fail(f"run {run_id!r} already exists in {out}; pick another --run-id or pass --replace")
         if not store.local:
             _fail("--replace works on a local store only; pick another --run-id")
-        for table in schema.STORE_TABLES:
-            store.drop_run(table, run_id)
+        store.drop_run_everywhere(run_id)  # its results too: they describe the data being replaced
 
     store.upsert_run(run_id, started_at=now(), source="import",
                      labels={**labels, "imported": ",".join(f.lstrip("-") for f, p in files.items() if p),
