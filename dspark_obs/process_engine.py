@@ -1,18 +1,23 @@
 """``--jobs N``: the estimators' shards on N processes of this machine, through the Ray engine's path.
 
 :class:`ProcessEngine` has :class:`~dspark_obs.ray_engine.RayEngine`'s interface
-(``start``, ``parallelism``, ``map``), so ``estimate``, ``calibrate`` and
+(``start``, ``parallelism``, ``map``, ``pool``), so ``estimate``, ``calibrate`` and
 ``report`` split a run's chunks into contiguous groups
 (:func:`~dspark_obs.estimators.chunks.split_chunks`), run the local per-chunk function
 on each and merge the partial results exactly as on Ray (bootstrap weights are
-drawn per request, so the split does not change a CI).  The pool forks its
-workers in :meth:`ProcessEngine.start`, before the command opens DuckDB, after
-importing the modules the tasks run, so a worker starts with nothing to import;
-a process that has already loaded DuckDB (a library caller, a test session)
-spawns them instead — a forked child would inherit the database's threads
-mid-flight.  A run that
-fits in one chunk gains nothing from processes and runs in this one
-(``min_chunks``), where it gets the one-pass figures.
+drawn per request, so the split does not change a CI).  Its workers are long-lived
+processes, each on its own pipe, so that like Ray's actors they can keep what they
+read between calls (:meth:`ProcessEngine.pool`): the ceiling's fit runs on them,
+each worker holding its part of the fitting sample, instead of on the command's
+process while the workers wait (a process-pool executor cannot send a call to the
+worker that holds the data, hence no ``concurrent.futures``).
+
+The workers fork in :meth:`ProcessEngine.start`, before the command opens DuckDB,
+after importing the modules the tasks run, so a worker starts with nothing to
+import; a process that has already loaded DuckDB (a library caller, a test
+session) spawns them instead — a forked child would inherit the database's
+threads mid-flight.  A run that fits in one chunk gains nothing from processes
+and runs in this one (``min_chunks``), where it gets the one-pass figures.
 """
 
 from __future__ import annotations
@@ -22,14 +27,15 @@ import importlib
 import multiprocessing
 import os
 import sys
+import traceback
 import types
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
+from multiprocessing.connection import wait
 from typing import Callable
 
 from dspark_obs import sql
 
-__all__ = ["ProcessEngine", "default_jobs"]
+__all__ = ["ProcessEngine", "WorkerPool", "default_jobs"]
 
 
 def default_jobs() -> int:
@@ -40,14 +46,155 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _ready() -> int:
-    return os.getpid()
+def _serve(conn) -> None:
+    """A worker: run each ``(kind, fn, args)`` it is sent and send back ``(ok, value, traceback)``.
 
-
-def _worker_init() -> None:
-    """A worker's DuckDB takes one core: its siblings have the others."""
-
+    ``load`` keeps ``fn(*args)`` as the worker's state, ``apply`` runs ``fn(state, *args)``, ``call``
+    runs ``fn(*args)``; ``None`` (or the command's end) stops it.  Its DuckDB takes one core: its
+    siblings have the others.
+    """
     sql.WORKER_THREADS = 1
+    state = None
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        kind, fn, args = message
+        try:
+            if kind == "load":
+                state, value = fn(*args), None
+            else:
+                value = fn(state, *args) if kind == "apply" else fn(*args)
+            reply = (True, value, "")
+        except BaseException as exc:  # noqa: BLE001 - every failure goes back to the caller, with its traceback
+            reply = (False, exc, traceback.format_exc())
+        try:
+            conn.send(reply)
+        except Exception as exc:  # noqa: BLE001 - a value or an error that does not pickle
+            conn.send((False, RuntimeError(f"the worker's reply could not be sent back: {exc!r}"),
+                       traceback.format_exc()))
+
+
+class _Worker:
+    """One worker process and the command's end of its pipe."""
+
+    def __init__(self, context) -> None:
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=_serve, args=(child,), daemon=True)
+        self.process.start()
+        child.close()
+
+    def send(self, kind: str, fn: Callable, args: tuple) -> None:
+        self.conn.send((kind, fn, args))
+
+    def result(self):
+        """The reply to the last message sent; the worker's error raised here, its traceback as a note."""
+        try:
+            ok, value, trace = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(timeout=5)
+            raise ChildProcessError(f"worker process {self.process.pid} died (exit code {self.process.exitcode}); "
+                                    "out of memory? try fewer --jobs") from None
+        if not ok:
+            if trace and isinstance(value, BaseException):
+                value.add_note(f"in worker process {self.process.pid}:\n{trace}")
+            raise value
+        return value
+
+    def stop(self) -> None:
+        try:
+            self.conn.send(None)
+        except (OSError, ValueError):
+            pass
+        self.process.join(timeout=10)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join()
+        self.conn.close()
+
+
+def _each(workers: list[_Worker], kind: str, fn: Callable, calls: list[tuple]) -> list:
+    """Worker ``i`` runs ``calls[i]``; the replies in order (every worker is waited for, even after an error)."""
+    for w, call in zip(workers, calls):
+        w.send(kind, fn, call)
+    results, error = [], None
+    for w in workers[:len(calls)]:
+        try:
+            results.append(w.result())
+        except BaseException as exc:  # noqa: BLE001 - raised once every worker has answered
+            error = error or exc
+    if error is not None:
+        raise error
+    return results
+
+
+def _dispatch(workers: list[_Worker], fn: Callable, calls: list[tuple], done: Callable | None) -> list:
+    """``[fn(*call) for call in calls]``, each call to the next free worker; results in call order."""
+    results: list = [None] * len(calls)
+    todo = iter(enumerate(calls))
+    busy: dict = {}
+    error = None
+
+    def give(w: _Worker) -> None:
+        for i, call in todo:
+            w.send("call", fn, call)
+            busy[w.conn] = (w, i)
+            return
+
+    for w in workers:
+        give(w)
+    while busy:
+        for conn in wait(list(busy)):
+            w, i = busy.pop(conn)
+            try:
+                results[i] = w.result()
+            except BaseException as exc:  # noqa: BLE001 - the running calls finish before it is raised
+                error = error or exc
+                continue
+            if error is None:
+                if done is not None:
+                    done(results[i])
+                give(w)
+    if error is not None:
+        raise error
+    return results
+
+
+class WorkerPool:
+    """The engine's workers as holders of data (:class:`~dspark_obs.ray_engine.RayPool`'s interface): a fit's
+    parts stay on the worker that read them, and each optimiser step sends coefficients out and gets sums
+    back (:meth:`apply`)."""
+
+    def __init__(self, workers: list[_Worker]) -> None:
+        self.workers = workers
+
+    def __len__(self) -> int:
+        return len(self.workers)
+
+    def load(self, fn: Callable, calls: list[tuple]) -> None:
+        """Worker ``i`` keeps ``fn(*calls[i])`` (one call per worker)."""
+        if len(calls) != len(self.workers):
+            raise ValueError(f"{len(calls)} calls for {len(self.workers)} workers: give one per worker")
+        _each(self.workers, "load", fn, calls)
+
+    def apply(self, fn: Callable, *args) -> list:
+        """``[fn(state, *args) for each worker's state]``, in worker order."""
+        return _each(self.workers, "apply", fn, [args] * len(self.workers))
+
+    def map(self, fn: Callable, calls: list[tuple], *, done: Callable[[object], None] | None = None) -> list:
+        """:meth:`ProcessEngine.map` on these workers."""
+        return _dispatch(self.workers, fn, calls, done)
+
+    def close(self) -> None:
+        """Drop what the workers hold; the workers stay the engine's."""
+        _each(self.workers, "load", _nothing, [()] * len(self.workers))
+
+
+def _nothing() -> None:
+    return None
 
 
 @dataclass
@@ -57,10 +204,10 @@ class ProcessEngine:
     jobs: int
     preload: tuple = ()
     min_chunks: int = 2             # runs of fewer chunks stay in this process (their one-pass figures)
-    _pool: ProcessPoolExecutor | None = field(default=None, repr=False)
+    _workers: list | None = field(default=None, repr=False)
 
     def start(self) -> "ProcessEngine":
-        if self._pool is not None:
+        if self._workers is not None:
             return self
         # Fork (workers that start with the modules loaded) only before this process has used DuckDB, whose
         # threads a forked child would inherit mid-flight; else spawn fresh interpreters.
@@ -72,13 +219,12 @@ class ProcessEngine:
         if not fork:  # a spawned worker re-runs the caller's __main__ (e.g. a Streamlit script): give it none
             sys.modules["__main__"] = types.ModuleType("__main__")
         try:
-            self._pool = ProcessPoolExecutor(max_workers=self.jobs, mp_context=context, initializer=_worker_init)
-            futures = [self._pool.submit(_ready) for _ in range(self.jobs)]   # start every worker now
+            workers = [_Worker(context) for _ in range(self.jobs)]
         finally:
             if main is not None:
                 sys.modules["__main__"] = main
-        for f in futures:
-            f.result()
+        self._workers = workers
+        _each(workers, "call", os.getpid, [()] * len(workers))   # every worker up before the command goes on
         atexit.register(self.close)   # the workers end (and are waited for) with the command
         return self
 
@@ -87,28 +233,22 @@ class ProcessEngine:
 
     def map(self, fn: Callable, calls: list[tuple], *, done: Callable[[object], None] | None = None) -> list:
         """``[fn(*call) for call in calls]`` on the workers, results in call order; ``done(result)`` as each ends."""
-        pool = self.start()._pool
-        futures = [pool.submit(fn, *call) for call in calls]
-        pending = set(futures)
-        try:
-            while pending:
-                finished, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for f in finished:
-                    result = f.result()
-                    if done is not None:
-                        done(result)
-        except BaseException:
-            for f in pending:
-                f.cancel()
-            raise
-        return [f.result() for f in futures]
+        return _dispatch(self.start()._workers, fn, calls, done)
+
+    def pool(self, size: int | None = None, *, init: Callable[[], None] | None = None) -> WorkerPool:
+        """The first ``size`` workers (default: all) as a :class:`WorkerPool`; ``init()`` runs in each."""
+        workers = self.start()._workers[:size or self.jobs]
+        if init is not None:
+            _each(workers, "call", init, [()] * len(workers))
+        return WorkerPool(workers)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-            self._pool = None
+        workers, self._workers = self._workers, None
+        for w in workers or ():
+            w.stop()
 
     def __del__(self) -> None:
-        pool = self.__dict__.get("_pool")
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        workers = self.__dict__.get("_workers")
+        for w in workers or ():
+            if w.process.is_alive():
+                w.process.terminate()

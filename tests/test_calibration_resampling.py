@@ -10,7 +10,7 @@ import pytest
 from scipy.stats import norm
 
 from dspark_obs.estimators import calibration as cal
-from dspark_obs.estimators.calibration import resampling
+from dspark_obs.estimators.calibration import metrics, resampling
 from dspark_obs.estimators.calibration.resampling import calibration_replicates
 from dspark_obs.estimators.stats import group_weights
 
@@ -84,3 +84,63 @@ def test_weights_kept_for_the_next_position_and_coarser_levels_change_no_figure(
         for metric in resampling.METRICS:
             np.testing.assert_array_equal(got[metric], want[metric], err_msg=f"{metric} at position {k}")
         assert len(drawn) == 5 * (k + 2)   # resampled_metrics draws its own; the kept weights are drawn once
+
+
+def _clustered_run(rng, requests: int = 200):
+    """Steps of ``requests`` requests whose scores and labels share a per-request effect (so steps of one
+    request are correlated, as a request's positions and steps are)."""
+    g = np.repeat(np.arange(requests), rng.integers(3, 40, requests))
+    u = rng.normal(0.0, 1.0, requests)[g]
+    score = np.round(1.0 / (1.0 + np.exp(-(0.8 * u + rng.normal(0.0, 1.0, g.size)))), 4)  # ties, as the head's
+    y = (rng.random(g.size) < 1.0 / (1.0 + np.exp(-(1.2 * u + 0.5 * rng.normal(0.0, 1.0, g.size))))).astype(float)
+    return y, score, g
+
+
+def test_clustered_auroc_se_is_the_spread_of_auroc_over_runs():
+    """The SE the report puts on AUROC estimates what it claims: the standard deviation of AUROC over
+    independent runs of the same requests' process (300 simulated runs), where the steps-as-independent
+    SE is far too small."""
+    rng = np.random.default_rng(7)
+    aucs, ses, naive = [], [], []
+    for _ in range(300):
+        y, p, g = _clustered_run(rng)
+        auc, se = metrics.clustered_auroc(y, p, g)
+        assert auc == pytest.approx(metrics.auroc_score(y, p), abs=1e-12)
+        aucs.append(auc)
+        ses.append(se)
+    spread = float(np.std(aucs, ddof=1))   # its own Monte Carlo error is about 4%
+    assert 0.9 < np.mean(ses) / spread < 1.15
+    y, p, g = _clustered_run(rng)
+    assert metrics.clustered_auroc(y, p, np.arange(y.size))[1] < 0.75 * spread   # ignoring the requests understates it
+
+
+def test_clustered_auroc_se_agrees_with_the_request_bootstrap_and_delong():
+    """The same variance the other figures' request bootstrap estimates (2,000 resamples); one step per
+    request gives DeLong's unclustered variance, computed here pair by pair."""
+    y, p, g = _clustered_run(np.random.default_rng(1))
+    _, se = metrics.clustered_auroc(y, p, g)
+    reps = resampling.resampled_metrics(y, p, g, n_groups=int(g.max()) + 1, n_resamples=2000, seed=0, auroc_levels=None)
+    assert se == pytest.approx(float(np.nanstd(reps["auroc"], ddof=1)), rel=0.08)
+    rng = np.random.default_rng(3)
+    y = rng.integers(0, 2, 300).astype(float)
+    p = np.round(np.clip(rng.normal(0.5 + 0.2 * y, 0.2), 0, 1), 2)
+    pos, neg = p[y == 1], p[y == 0]
+    psi = (pos[:, None] > neg[None, :]) + 0.5 * (pos[:, None] == neg[None, :])
+    delong = math.sqrt(psi.mean(1).var(ddof=1) / pos.size + psi.mean(0).var(ddof=1) / neg.size)
+    auc, se = metrics.clustered_auroc(y, p, np.arange(y.size))
+    assert auc == pytest.approx(psi.mean(), abs=1e-12) and se == pytest.approx(delong, rel=1e-9)
+    assert all(math.isnan(v) for v in metrics.clustered_auroc([1.0, 1.0], [0.2, 0.3], [0, 1]))   # one class
+    assert math.isnan(metrics.clustered_auroc([1.0, 0.0, 1.0], [0.9, 0.2, 0.8], [0, 0, 0])[1])   # one request
+
+
+def test_resamples_without_auroc_are_the_same_resamples():
+    rng = np.random.default_rng(5)
+    groups = rng.integers(0, 30, 2000)
+    p = np.round(rng.random(2000), 3)
+    y = (rng.random(2000) < p).astype(float)
+    sums = resampling.RequestSums(y, p, groups, n_groups=30)
+    weights = resampling.ResampleWeights(30, 50, 2)
+    full, lean = resampling.resampled_sums(sums, weights), resampling.resampled_sums(sums, weights, auroc=False)
+    assert "auroc" not in lean and set(lean) == set(resampling.METRICS) - {"auroc"}
+    for metric, values in lean.items():
+        np.testing.assert_array_equal(values, full[metric])

@@ -120,3 +120,45 @@ def test_workers_start_whatever_the_callers_main_module_is(monkeypatch):
     finally:
         engine.close()
     assert sys.modules["__main__"] is script
+
+
+def _remember(value):
+    return {"pid": os.getpid(), "value": value}
+
+
+def _recall(state, extra):
+    return state["pid"], state["value"] + extra
+
+
+def _fail(message):
+    raise KeyError(message)
+
+
+def test_a_pool_s_workers_keep_what_they_loaded(pool):
+    """The ceiling's fit holds its sample's parts on the workers: worker i keeps load's call i."""
+    workers = pool.pool()
+    try:
+        workers.load(_remember, [(10,), (20,)])
+        got = workers.apply(_recall, 1)
+        assert [v for _, v in got] == [11, 21]
+        assert len({pid for pid, _ in got}) == 2 and os.getpid() not in {pid for pid, _ in got}
+        with pytest.raises(ValueError, match="one per worker"):
+            workers.load(_remember, [(1,)])
+    finally:
+        workers.close()
+
+
+def test_a_task_s_error_comes_back_with_its_traceback_and_the_workers_go_on(pool):
+    with pytest.raises(KeyError, match="no such chunk") as err:
+        pool.map(_fail, [("no such chunk",), ("no such chunk",), ("no such chunk",)])
+    assert any("in worker process" in note and "_fail" in note for note in getattr(err.value, "__notes__", []))
+    assert pool.map(pow, [(2, 5), (3, 3), (5, 1)]) == [32, 27, 5]
+
+
+def test_a_worker_that_dies_is_an_error_that_says_so():
+    engine = ProcessEngine(2).start()
+    try:
+        with pytest.raises(ChildProcessError, match="died"):
+            engine.map(os._exit, [(3,)])
+    finally:
+        engine.close()

@@ -177,6 +177,19 @@ def test_sts_undoes_a_miscalibrated_head(emulated):
     assert fit.ece_reported == pytest.approx(fit.ece_before, abs=1e-3)
 
 
+def test_a_sample_of_whole_requests_fits_about_the_same_temperatures(emulated):
+    """The report fits STS on a sample of whole requests of a large run: the same steps as the whole run's
+    fit reads for those requests, and about the same temperatures as the whole run gives."""
+    whole = sts.fit_sts_run(emulated, "mis")
+    part = sts.fit_sts_run(emulated, "mis", sample_rows=whole.num_samples // 2)
+    assert whole.num_samples // 3 < part.num_samples <= whole.num_samples // 2 + 400   # whole requests
+    assert "sample=" in part.dataset and "sample=" not in whole.dataset
+    assert 1.4 < gmean(part.temperatures) < 2.0
+    assert gmean(part.temperatures) == pytest.approx(gmean(whole.temperatures), rel=0.15)
+    same = sts.fit_sts_run(emulated, "mis", sample_rows=10 * whole.num_samples)   # the run fits: no sample
+    assert same.temperatures == whole.temperatures and "sample=" not in same.dataset
+
+
 def test_fitting_data_served_with_sts_accounts_for_it(emulated):
     served = [SERVED_STS] * 6
     fit = sts.fit_sts_run(emulated, "mis-sts", current_temperatures=served)

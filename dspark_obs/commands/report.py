@@ -73,10 +73,11 @@ def report(
       clears its limit (the fitted STS JSON is written beside the report).
 
     Each figure gets a threshold verdict and, against the baseline, a drift verdict from a test
-    suited to it (request-bootstrap difference for ECE/Brier/AUROC, two-proportion z-tests for
-    acceptance and coverage, z-tests on the CIs for utilisation, Welch for cost-model error), with a
-    Benjamini-Hochberg false-discovery-rate adjustment over all tests.  Missing estimator tables
-    are computed first (estimate, calibrate, costmodel), so a store that was only collected works.
+    suited to it (request-bootstrap difference for ECE/Brier, a z-test on request-clustered DeLong
+    SEs for AUROC, two-proportion z-tests for acceptance and coverage, z-tests on the CIs for
+    utilisation, Welch for cost-model error), with a Benjamini-Hochberg false-discovery-rate
+    adjustment over all tests.  Missing estimator tables are computed first (estimate, calibrate,
+    costmodel), so a store that was only collected works.
 
     Writes `report.html` (self-contained, opens offline), `summary.json` (schema
     `dspark_obs/report/summary.schema.json`), `summary.md`, `figures/*.png`, and appends the

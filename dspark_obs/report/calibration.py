@@ -5,9 +5,13 @@ run's best label kind (companion > reconstructed > observed, or the kind the
 thresholds name).  Intervals and drift come from the run's events
 (:func:`dspark_obs.estimators.calibration.events.load_events`):
 
-* ECE, debiased ECE, Brier, AUROC: the value +- 1.96 request-bootstrap standard
+* ECE, debiased ECE, Brier: the value +- 1.96 request-bootstrap standard
   errors; drift is the bootstrap of the difference (the run and the baseline
   resampled independently), tested with a z on its bootstrap standard error;
+* AUROC: the value +- 1.96 request-clustered DeLong standard errors
+  (:func:`~dspark_obs.estimators.calibration.metrics.clustered_auroc`: the same
+  clustered variance as the request bootstrap, without re-ranking every step
+  once per resample); drift is the z-test on the difference with those SEs;
 * acceptance (share of request-steps whose first k drafts survive a full block):
   mean with a request-clustered standard error; drift is the two-proportion
   z-test on those standard errors.
@@ -18,8 +22,10 @@ current run's label kind when it has it, else its own best.
 
 from __future__ import annotations
 
+import math
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -28,7 +34,7 @@ from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators.calibration import metrics as cal_metrics
 from dspark_obs.estimators import stats as bootstrap
-from dspark_obs.estimators.calibration.resampling import AUROC_LEVELS, RequestSums, ResampleWeights, resampled_sums
+from dspark_obs.estimators.calibration.resampling import RequestSums, ResampleWeights, resampled_sums
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Drift, Figure
 from dspark_obs.report.stats import Z95, clustered_mean, difference_ztest, two_sided_p
@@ -128,17 +134,30 @@ class _Cell:
         self.ev = ev
         self.weights = ResampleWeights(self.n_groups, n_boot, seed, self.keys)   # drawn once for every position
 
-    def position(self, k: int, binning: str) -> tuple[dict, dict, np.ndarray, np.ndarray, int] | None:
-        """``(point metrics, resampled metrics, labels, requests, steps)`` at position ``k`` (None: no steps)."""
+    def position(self, k: int, binning: str) -> "_Position | None":
+        """The figures' inputs at position ``k`` (None: no steps)."""
         y = self.ev.y[self.mask, k - 1]
         p = self.ev.survival[self.mask, k - 1]
         ok = ~np.isnan(y) & ~np.isnan(p)
         if not ok.any():
             return None
         exact = RequestSums(y[ok], p[ok], self.g[ok], n_groups=self.n_groups, binning=binning)
-        point = {m: float(v[0]) for m, v in exact(self.ones).items()}
-        reps = resampled_sums(exact.with_auroc_levels(AUROC_LEVELS), self.weights)
-        return point, reps, y[ok], self.g[ok], int(ok.sum())
+        point = {m: float(v[0]) for m, v in exact(self.ones, auroc=False).items()}
+        reps = resampled_sums(exact, self.weights, auroc=False)
+        point["auroc"], auroc_se = cal_metrics.clustered_auroc(y[ok], np.clip(p[ok], 0.0, 1.0), self.g[ok])
+        return _Position(point, reps, y[ok], self.g[ok], int(ok.sum()), auroc_se)
+
+
+class _Position(NamedTuple):
+    """One cell's position: exact metrics, their resamples (all but AUROC), the labels with their requests,
+    the steps, and AUROC's clustered SE."""
+
+    point: dict
+    reps: dict
+    y: np.ndarray
+    groups: np.ndarray
+    n: int
+    auroc_se: float
 
 
 def _boot_se(replicates: np.ndarray) -> float | None:
@@ -159,6 +178,15 @@ def _normal_interval(value: float | None, replicates: np.ndarray, metric: str
     lo, hi = cal_metrics.normal_interval(value, np.asarray(replicates, dtype=np.float64), 0.95,
                                    lower=None if metric == "debiased_ece" else 0.0)
     return (None, None) if np.isnan(lo) else (lo, hi)
+
+
+def _interval(value: float | None, at: _Position, metric: str) -> tuple[float | None, float | None]:
+    """The figure's 95% interval: AUROC's from its clustered SE, the others' from their resamples."""
+    if metric != "auroc":
+        return _normal_interval(value, at.reps[metric], metric)
+    if value is None or not math.isfinite(at.auroc_se):
+        return None, None
+    return max(0.0, value - Z95 * at.auroc_se), min(1.0, value + Z95 * at.auroc_se)
 
 
 def _value(row: dict | None, column: str, fallback: float) -> float | None:
@@ -249,35 +277,41 @@ def _position_figures(run_id: str, workload: str, k: int, row: dict, labels: str
     figures = []
     n = int(row["n"])
     for metric in _BOOTSTRAPPED:
-        value = _value(row, metric, c[0][metric] if c else np.nan)
-        lo, hi = _normal_interval(value, c[1][metric], metric) if c else (None, None)
-        drift = Drift(test="request-bootstrap difference (z on the bootstrap SE)", baseline_runs=base_ids)
-        if c and b and np.isfinite(c[0][metric]) and np.isfinite(b[0][metric]):
-            diff = c[1][metric] - b[1][metric]
-            drift.baseline_value = b[0][metric]
-            drift.baseline_ci = _normal_interval(b[0][metric], b[1][metric], metric)
-            drift.baseline_n = b[4]
-            drift.delta = c[0][metric] - b[0][metric]
-            se = _boot_se(diff)
+        delong = metric == "auroc"
+        value = _value(row, metric, c.point[metric] if c else np.nan)
+        lo, hi = (_interval(value, c, metric) if c else (None, None))
+        drift = Drift(test="z-test on the difference (request-clustered DeLong SEs)" if delong else
+                      "request-bootstrap difference (z on the bootstrap SE)", baseline_runs=base_ids)
+        if c and b and np.isfinite(c.point[metric]) and np.isfinite(b.point[metric]):
+            drift.baseline_value = b.point[metric]
+            drift.baseline_ci = _interval(b.point[metric], b, metric)
+            drift.baseline_n = b.n
+            drift.delta = c.point[metric] - b.point[metric]
+            if delong:   # independent runs: the SEs add in quadrature
+                se = math.hypot(c.auroc_se, b.auroc_se)
+                se = se if math.isfinite(se) else None
+            else:
+                se = _boot_se(c.reps[metric] - b.reps[metric])
             if se is not None:
                 drift.delta_ci = (drift.delta - Z95 * se, drift.delta + Z95 * se)
                 drift.p_value = two_sided_p(drift.delta / se) if se > 0 else (1.0 if drift.delta == 0 else 0.0)
         elif base_ids and c and not b:
             drift.verdict, drift.note = "no_baseline", f"the baseline has no {workload} steps at k={k}"
+        method = "value +- 1.96 request-clustered DeLong SE" if delong else "value +- 1.96 request-bootstrap SE"
         figures.append(Figure(metric, run_id, value, workload=workload, position=k, ci_low=lo, ci_high=hi,
-                              ci_method="value +- 1.96 request-bootstrap SE" if lo is not None else None, n=n,
+                              ci_method=method if lo is not None else None, n=n,
                               detail=dict(detail), drift=drift))
     # acceptance: the share whose first k drafts survive, request-clustered
-    value = _value(row, "observed_rate", c[0]["acceptance"] if c else np.nan)
+    value = _value(row, "observed_rate", c.point["acceptance"] if c else np.nan)
     lo = hi = se = None
     if c:
-        _, se, _ = clustered_mean(c[2], c[3])
+        _, se, _ = clustered_mean(c.y, c.groups)
         if se is not None and np.isfinite(se):
             lo, hi = max(0.0, value - Z95 * se), min(1.0, value + Z95 * se)
     drift = Drift(test="two-proportion z-test (request-clustered SEs)", baseline_runs=base_ids)
     if c and b:
-        mean_b, se_b, _ = clustered_mean(b[2], b[3])
-        drift.baseline_value, drift.baseline_n = mean_b, b[4]
+        mean_b, se_b, _ = clustered_mean(b.y, b.groups)
+        drift.baseline_value, drift.baseline_n = mean_b, b.n
         if se_b is not None and np.isfinite(se_b):
             drift.baseline_ci = (max(0.0, mean_b - Z95 * se_b), min(1.0, mean_b + Z95 * se_b))
         drift.delta, s, drift.p_value = difference_ztest(value, se, mean_b, se_b)

@@ -1,8 +1,11 @@
 """The STS refit figure: what Sequential Temperature Scaling fitted on tonight's run would gain.
 
-For each run with confidences: fit STS on the run's judged labels exactly as
+For each run with confidences: fit STS on the run's judged labels as
 ``dspark-obs calibrate --fit-sts`` does (undoing the STS the server ran with,
-read from its ``--speculative-dspark-confidence-sts-path``), then replay the
+read from its ``--speculative-dspark-confidence-sts-path``), on whole requests
+holding :data:`STS_SAMPLE_ROWS` steps when the run has more (the grid search
+costs every step once per temperature; six temperatures are pinned long before
+millions of steps), then replay the
 run's schedule with the recalibrated confidences (``dspark-obs replay --sts``)
 and price both schedules with the same time model.  The figure
 ``sts_predicted_gain`` is ``tokens/s(sts) / tokens/s(replay) - 1``; its interval
@@ -22,11 +25,15 @@ import pandas as pd
 
 from dspark_obs.estimators import replay
 from dspark_obs.estimators.calibration import sts
+from dspark_obs.estimators.calibration.chunks import DEFAULT_SAMPLE_ROWS
 from dspark_obs.sts_format import StsCalibration
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Figure
 
-__all__ = ["StsSection", "sts_section"]
+__all__ = ["StsSection", "sts_section", "STS_SAMPLE_ROWS"]
+
+STS_SAMPLE_ROWS = DEFAULT_SAMPLE_ROWS
+"""Steps of whole requests the refit is fitted on when a run holds more (calibrate's sample for AUROC)."""
 
 
 @dataclass
@@ -63,7 +70,7 @@ def sts_section(con, runs: list[RunInfo], labels: dict[str, str]) -> StsSection:
             continue
         try:
             fit = sts.fit_sts_run(con, run.run_id, labels=kind, current_temperatures=current,
-                                  dataset=f"dspark-obs:{run.run_id}:labels={kind}")
+                                  dataset=f"dspark-obs:{run.run_id}:labels={kind}", sample_rows=STS_SAMPLE_ROWS)
             rep = replay.replay_run(con, run.run_id, sts_temperatures=fit.temperatures,
                                     current_temperatures=current)
         except ValueError as exc:

@@ -26,7 +26,7 @@ __all__ = [
     "EPS_PROB", "BINNINGS", "ReliabilityCurve",
     "expected_calibration_error", "maximum_calibration_error", "debiased_calibration_error",
     "brier_score_loss", "log_loss", "auroc_score", "reliability_curve",
-    "bootstrap_calibration_error", "parse_binning", "auroc_from_levels", "request_bins",
+    "bootstrap_calibration_error", "parse_binning", "auroc_from_levels", "clustered_auroc", "request_bins",
 ]
 
 EPS_PROB = 1e-8
@@ -299,6 +299,62 @@ def auroc_from_levels(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         auc = np.sum(pos * (below + 0.5 * neg), axis=-1) / (pos_total * neg_total)
     return np.where((pos_total > 0) & (neg_total > 0), auc, np.nan)
+
+
+def clustered_auroc(y_true, y_prob, groups) -> tuple[float, float]:
+    """``(AUROC, its standard error)`` when steps come in correlated clusters (the requests).
+
+    DeLong's placement values summed per cluster (Obuchowski 1997, *Nonparametric
+    analysis of clustered ROC curve data*, Biometrics 53:567-578).  With ``M``
+    positive and ``N`` negative weight, a step's placement as a positive is the
+    share of negative weight below its score (ties one half), as a negative the
+    share of positive weight above it; per cluster ``i`` with ``m_i``, ``n_i``
+    and placement sums ``V10_i``, ``V01_i``::
+
+        S10 = I10 / ((I10 - 1) M) * sum_i (V10_i - m_i AUROC)^2      (I10: clusters with positive weight)
+        S01 = I01 / ((I01 - 1) N) * sum_i (V01_i - n_i AUROC)^2      (I01: clusters with negative weight)
+        S11 = I / (I - 1) * sum_i (V10_i - m_i AUROC)(V01_i - n_i AUROC)
+        Var = S10 / M + S01 / N + 2 S11 / (M N)
+
+    Why not the request bootstrap the other figures use: a resample's AUROC
+    re-ranks every step, a product of ``steps x resamples`` per cell, about
+    10^10 operations per cell at ten million steps; this is one sort, and it
+    estimates the same clustered variance (``tests/test_calibration.py`` checks
+    it against the spread of AUROCs over simulated runs and against the
+    bootstrap).  Soft labels count as in :func:`auroc_score`, whose value the
+    first element equals.  ``(NaN, NaN)`` without positives or negatives; the SE
+    is NaN with fewer than two clusters on either side.
+
+    >>> auc, se = clustered_auroc([0, 1, 0, 1, 0, 1], [0.1, 0.8, 0.4, 0.35, 0.2, 0.9], [0, 0, 1, 1, 2, 2])
+    >>> round(auc, 4), round(se, 4)
+    (0.8889, 0.2222)
+    """
+    y, p = _check_pair(y_true, y_prob)
+    g = np.asarray(groups, dtype=np.int64)
+    if g.shape != y.shape:
+        raise ValueError(f"groups must be 1-D of the labels' length, got {g.shape} for {y.shape}")
+    neg_w = 1.0 - y
+    pos_total, neg_total = float(y.sum()), float(neg_w.sum())
+    if not y.size or pos_total <= 0 or neg_total <= 0:
+        return math.nan, math.nan
+    _, level = np.unique(p, return_inverse=True)
+    pos, neg = np.bincount(level, weights=y), np.bincount(level, weights=neg_w)
+    neg_below = np.cumsum(neg) - 0.5 * neg            # negative weight below each score, ties one half
+    pos_above = pos_total - np.cumsum(pos) + 0.5 * pos
+    auc = float(np.dot(pos, neg_below) / (pos_total * neg_total))
+    _, cluster = np.unique(g, return_inverse=True)
+    m = np.bincount(cluster, weights=y)
+    n = np.bincount(cluster, weights=neg_w)
+    a = np.bincount(cluster, weights=y * neg_below[level] / neg_total) - m * auc
+    b = np.bincount(cluster, weights=neg_w * pos_above[level] / pos_total) - n * auc
+    i10, i01, i = int(np.count_nonzero(m > 0)), int(np.count_nonzero(n > 0)), m.size
+    if min(i10, i01) < 2:
+        return auc, math.nan
+    s10 = i10 / ((i10 - 1) * pos_total) * float(np.dot(a, a))
+    s01 = i01 / ((i01 - 1) * neg_total) * float(np.dot(b, b))
+    s11 = i / (i - 1) * float(np.dot(a, b))
+    var = s10 / pos_total + s01 / neg_total + 2.0 * s11 / (pos_total * neg_total)
+    return auc, math.sqrt(max(var, 0.0))
 
 
 @dataclass(frozen=True)

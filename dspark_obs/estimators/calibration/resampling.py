@@ -68,47 +68,62 @@ class RequestSums:
         self.n_g = np.bincount(g, minlength=n_groups).astype(np.float64)
         self.y_g = np.bincount(g, weights=y, minlength=n_groups)
         self.sq_g = np.bincount(g, weights=(p_raw - y) ** 2, minlength=n_groups)
-        # AUROC: positive and negative weight of each request at each (tied) score, scores ascending
+        # AUROC: positive and negative weight of each request at each (tied) score, scores ascending; built
+        # when first asked for (a sort of the steps and two sparse matrices: callers that take AUROC's
+        # SE elsewhere never pay for them)
         self._scored = (y, p_raw, g)
-        _, level = np.unique(p_raw, return_inverse=True)
-        self._rank(level)
-        if auroc_levels is not None and self.n_levels > auroc_levels:
-            self._rank(_rounded_levels(p_raw, auroc_levels))
+        self._levels = auroc_levels
+        self._ranks: tuple | None = None
 
-    def _rank(self, level: np.ndarray) -> None:
-        y, _, g = self._scored
-        self.n_levels = int(level.max()) + 1 if level.size else 0
-        self.pos_t = sparse.csr_matrix((y, (level, g)), shape=(self.n_levels, self.n_groups))
-        self.neg_t = sparse.csr_matrix((1.0 - y, (level, g)), shape=(self.n_levels, self.n_groups))
+    def _ranked(self) -> tuple:
+        """``(levels, positive weight [levels, requests], negative weight)``."""
+        if self._ranks is None:
+            y, p_raw, g = self._scored
+            _, level = np.unique(p_raw, return_inverse=True)
+            if self._levels is not None and level.size and int(level.max()) + 1 > self._levels:
+                level = _rounded_levels(p_raw, self._levels)
+            n = int(level.max()) + 1 if level.size else 0
+            self._ranks = (n, sparse.csr_matrix((y, (level, g)), shape=(n, self.n_groups)),
+                           sparse.csr_matrix((1.0 - y, (level, g)), shape=(n, self.n_groups)))
+        return self._ranks
+
+    @property
+    def n_levels(self) -> int:
+        return self._ranked()[0]
 
     def with_auroc_levels(self, auroc_levels: int) -> "RequestSums":
         """These sums as built with ``auroc_levels`` (the scores rounded to that many levels when they have
         more distinct values), without recounting the rest."""
-        if self.n_levels <= auroc_levels:
-            return self
         out = copy.copy(self)
-        out._rank(_rounded_levels(self._scored[1], auroc_levels))
+        out._levels = auroc_levels if self._levels is None else min(self._levels, auroc_levels)
+        out._ranks = None if out._levels != self._levels else self._ranks
         return out
 
-    def __call__(self, weights: np.ndarray) -> dict[str, np.ndarray]:
+    def __call__(self, weights: np.ndarray, *, auroc: bool = True) -> dict[str, np.ndarray]:
+        """Every metric per row of ``weights``; without ``auroc`` all but AUROC (its re-ranking is the one
+        cost per step and resample: ``dspark-obs report`` takes its SE from
+        :func:`~.metrics.clustered_auroc` instead)."""
         w = np.atleast_2d(np.asarray(weights, dtype=np.float64))
         if w.shape[1] != self.n_groups:
             raise ValueError(f"weights must have {self.n_groups} columns (one per request), got {w.shape[1]}")
         count, psum, ysum = w @ self.count, w @ self.psum, w @ self.ysum
         n = w @ self.n_g
         with np.errstate(divide="ignore", invalid="ignore"):
-            return {"ece": ece_from_sums(count, psum, ysum),
-                    "debiased_ece": np.sum(debiased_terms(count, psum, ysum), axis=1) / count.sum(axis=1),
-                    "brier": (w @ self.sq_g) / n,
-                    "auroc": self._auroc(w),
-                    "acceptance": (w @ self.y_g) / n}
+            out = {"ece": ece_from_sums(count, psum, ysum),
+                   "debiased_ece": np.sum(debiased_terms(count, psum, ysum), axis=1) / count.sum(axis=1),
+                   "brier": (w @ self.sq_g) / n,
+                   "acceptance": (w @ self.y_g) / n}
+        if auroc:
+            out["auroc"] = self._auroc(w)
+        return out
 
     def _auroc(self, w: np.ndarray) -> np.ndarray:
-        if self.n_levels == 0:
+        n_levels, pos_t, neg_t = self._ranked()
+        if n_levels == 0:
             return np.full(w.shape[0], np.nan)
         wt = np.ascontiguousarray(w.T)
-        pos = np.ascontiguousarray(np.asarray(self.pos_t @ wt).T)  # [B, levels], scores ascending
-        neg = np.ascontiguousarray(np.asarray(self.neg_t @ wt).T)  # (row-contiguous: a fast cumsum)
+        pos = np.ascontiguousarray(np.asarray(pos_t @ wt).T)  # [B, levels], scores ascending
+        neg = np.ascontiguousarray(np.asarray(neg_t @ wt).T)  # (row-contiguous: a fast cumsum)
         return auroc_from_levels(pos, neg)
 
 
@@ -177,11 +192,11 @@ class ResampleWeights:
         self._drawn[rows] = kept
 
 
-def resampled_sums(sums: RequestSums, weights: ResampleWeights) -> dict[str, np.ndarray]:
-    """:func:`resampled_metrics` of prepared sums with (shared) weights."""
-    rows = max(1, min(weights.n_resamples, _CELLS_PER_CHUNK // max(sums.n_levels, sums.n_groups, 1)))
-    parts = [sums(block) for block in weights.blocks(rows)]
-    return {m: np.concatenate([p[m] for p in parts]) for m in METRICS}
+def resampled_sums(sums: RequestSums, weights: ResampleWeights, *, auroc: bool = True) -> dict[str, np.ndarray]:
+    """:func:`resampled_metrics` of prepared sums with (shared) weights (without ``auroc``: all but AUROC)."""
+    rows = max(1, min(weights.n_resamples, _CELLS_PER_CHUNK // max(sums.n_levels if auroc else 0, sums.n_groups, 1)))
+    parts = [sums(block, auroc=auroc) for block in weights.blocks(rows)]
+    return {m: np.concatenate([p[m] for p in parts]) if parts else np.zeros(0) for m in METRICS if auroc or m != "auroc"}
 
 
 def _rounded_levels(p_raw: np.ndarray, auroc_levels: int) -> np.ndarray:

@@ -210,21 +210,36 @@ def _refine(prev, z, y, temps, i, n_bins, t_grid, ece_grid) -> tuple[float, floa
 
 
 def fit_sts_run(con_or_store, run_id: str, *, labels: str = "observed", companion: str | None = None,
-                current_temperatures=None, n_bins: int = 15, refine: bool = True, dataset: str | None = None) -> StsFit:
+                current_temperatures=None, n_bins: int = 15, refine: bool = True, dataset: str | None = None,
+                sample_rows: int | None = None) -> StsFit:
     """Fit STS on one run's records (labels as in :func:`~dspark_obs.estimators.calibration.events.load_events`).
 
     ``current_temperatures`` are the STS temperatures the server ran with (None:
     none); they turn the recorded confidences back into raw logits.  Use labels
     that know the full block — a cap-accept run's own (``observed``), a
     ``companion`` or ``reconstructed`` — a compact run's ``observed`` labels drop
-    the censored tails and bias the fit.
+    the censored tails and bias the fit.  ``sample_rows``: fit on whole requests
+    holding about that many steps, chosen by a hash of their rid
+    (:func:`~dspark_obs.estimators.chunks.sample_requests`, the same requests on
+    every re-run), when the run holds more — six temperatures need far fewer
+    steps than a run of millions has, and the grid search costs each step once
+    per temperature.
     """
     # at call time: the fit itself needs neither, and SGLang's fidelity venv (no DuckDB) imports this module
     from dspark_obs import sql as sqlmod
+    from dspark_obs.estimators.calibration.chunks import run_steps
     from dspark_obs.estimators.calibration.events import load_events
+    from dspark_obs.estimators.chunks import sample_requests
 
     con, _ = sqlmod.connection_and_store(con_or_store)
-    ev = load_events(con, run_id, labels=labels, companion=companion)
+    sample = None
+    if sample_rows is not None:
+        sample = sample_requests(*run_steps(con, run_id), max_rows=sample_rows)
+        sample = None if sample.where == "TRUE" else sample
+    ev = load_events(con, run_id, labels=labels, companion=companion, chunk=sample)
+    if sample is not None and not len(ev.rid):
+        raise ValueError(f"run {run_id!r}: no {labels} labels among the {sample.requests} requests sampled for the "
+                         "STS fit")
     current = None if current_temperatures is None else _check_temperatures(
         current_temperatures, ev.gamma, "current temperatures")
     z = raw_logits(ev.confidence, temperatures=current)
@@ -234,5 +249,7 @@ def fit_sts_run(con_or_store, run_id: str, *, labels: str = "observed", companio
         m = ~np.isnan(ev.y[:, k]) & ~np.isnan(ev.survival[:, k])
         reported.append(ece_of(binned(ev.y[m, k], np.clip(ev.survival[m, k], 0, 1), n_bins, "uniform"))
                         if m.any() else math.nan)
-    return replace(fit, ece_reported=reported, labels=labels,
-                   dataset=dataset or f"dspark-obs:{run_id}:labels={labels}:source={ev.label_source}")
+    dataset = dataset or f"dspark-obs:{run_id}:labels={labels}:source={ev.label_source}"
+    if sample is not None:
+        dataset += f":sample={sample.requests} requests"
+    return replace(fit, ece_reported=reported, labels=labels, dataset=dataset)
