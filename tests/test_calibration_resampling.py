@@ -119,6 +119,9 @@ def test_clustered_auroc_se_agrees_with_the_request_bootstrap_and_delong():
     request gives DeLong's unclustered variance, computed here pair by pair."""
     y, p, g = _clustered_run(np.random.default_rng(1))
     _, se = metrics.clustered_auroc(y, p, g)
+    sparse_codes = np.where(g % 2 == 0, g, g + 1000)   # cluster numbers given as they are, gaps and all
+    assert metrics.clustered_auroc(y, p, sparse_codes, n_groups=int(sparse_codes.max()) + 1) == \
+        pytest.approx(metrics.clustered_auroc(y, p, g), rel=1e-12)
     reps = resampling.resampled_metrics(y, p, g, n_groups=int(g.max()) + 1, n_resamples=2000, seed=0, auroc_levels=None)
     assert se == pytest.approx(float(np.nanstd(reps["auroc"], ddof=1)), rel=0.08)
     rng = np.random.default_rng(3)

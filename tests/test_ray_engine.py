@@ -13,7 +13,7 @@ from dspark_obs.cli import app
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import ceiling
 from dspark_obs.estimators.chunks import plan_chunks
-from dspark_obs.estimators.chunks import split_chunks
+from dspark_obs.estimators.chunks import sample_parts, sample_requests, split_chunks
 from dspark_obs.store import Store
 
 
@@ -62,6 +62,11 @@ def test_tasks_get_contiguous_groups_of_the_local_chunks():
     assert len(one) == 1 and len(recut) == 2
     assert sum(c.rows for g in recut for c in g) == int(counts[:10].sum())
     assert split_chunks(rids, counts, chunks, 1) == [chunks]
+    sample = sample_requests(rids, counts, max_rows=4000)      # the fit's parts: a fifth of the run's steps
+    parts = sample_parts(rids, counts, sample, part_rows=500)
+    shares = split_chunks(rids, counts, parts, 3, recut=False)
+    assert [c for g in shares for c in g] == parts and len(shares) == 3   # every worker holds a share of the sample
+    assert max(sum(c.rows for c in g) for g in shares) < 0.5 * sample.rows
 
 
 def test_shards_merged_give_the_one_pass_estimate_and_commit_their_files(generated):

@@ -121,8 +121,10 @@ def split_chunks(rids: list, counts: np.ndarray, chunks: list, n_tasks: int, *, 
     total = int(counts.sum())
     if recut and n_tasks > 1 and len(chunks) < n_tasks and total > 1:
         chunks = plan_chunks(rids, counts, chunk_rows=max(1, math.ceil(total / n_tasks)))
-    rows = np.cumsum([c.rows for c in chunks])
-    which = np.minimum((rows - np.array([c.rows for c in chunks]) / 2) * n_tasks // max(1, total), n_tasks - 1)
+    sizes = np.array([c.rows for c in chunks], dtype=np.int64)
+    rows = np.cumsum(sizes)
+    spread = max(1, int(rows[-1])) if sizes.size else 1   # the chunks' steps: a sample's parts hold less than the run
+    which = np.minimum((rows - sizes / 2) * n_tasks // spread, n_tasks - 1)
     return [g for g in ([c for c, w in zip(chunks, which) if w == t] for t in range(n_tasks)) if g]
 
 

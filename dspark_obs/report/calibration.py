@@ -144,7 +144,8 @@ class _Cell:
         exact = RequestSums(y[ok], p[ok], self.g[ok], n_groups=self.n_groups, binning=binning)
         point = {m: float(v[0]) for m, v in exact(self.ones, auroc=False).items()}
         reps = resampled_sums(exact, self.weights, auroc=False)
-        point["auroc"], auroc_se = cal_metrics.clustered_auroc(y[ok], np.clip(p[ok], 0.0, 1.0), self.g[ok])
+        point["auroc"], auroc_se = cal_metrics.clustered_auroc(y[ok], np.clip(p[ok], 0.0, 1.0), self.g[ok],
+                                                               n_groups=self.n_groups)
         return _Position(point, reps, y[ok], self.g[ok], int(ok.sum()), auroc_se)
 
 

@@ -301,7 +301,7 @@ def auroc_from_levels(pos: np.ndarray, neg: np.ndarray) -> np.ndarray:
     return np.where((pos_total > 0) & (neg_total > 0), auc, np.nan)
 
 
-def clustered_auroc(y_true, y_prob, groups) -> tuple[float, float]:
+def clustered_auroc(y_true, y_prob, groups, *, n_groups: int | None = None) -> tuple[float, float]:
     """``(AUROC, its standard error)`` when steps come in correlated clusters (the requests).
 
     DeLong's placement values summed per cluster (Obuchowski 1997, *Nonparametric
@@ -323,7 +323,9 @@ def clustered_auroc(y_true, y_prob, groups) -> tuple[float, float]:
     it against the spread of AUROCs over simulated runs and against the
     bootstrap).  Soft labels count as in :func:`auroc_score`, whose value the
     first element equals.  ``(NaN, NaN)`` without positives or negatives; the SE
-    is NaN with fewer than two clusters on either side.
+    is NaN with fewer than two clusters on either side.  ``n_groups``: ``groups``
+    are already cluster numbers ``0..n_groups-1`` (not relabelled; a number
+    without steps is no cluster).
 
     >>> auc, se = clustered_auroc([0, 1, 0, 1, 0, 1], [0.1, 0.8, 0.4, 0.35, 0.2, 0.9], [0, 0, 1, 1, 2, 2])
     >>> round(auc, 4), round(se, 4)
@@ -342,12 +344,14 @@ def clustered_auroc(y_true, y_prob, groups) -> tuple[float, float]:
     neg_below = np.cumsum(neg) - 0.5 * neg            # negative weight below each score, ties one half
     pos_above = pos_total - np.cumsum(pos) + 0.5 * pos
     auc = float(np.dot(pos, neg_below) / (pos_total * neg_total))
-    _, cluster = np.unique(g, return_inverse=True)
-    m = np.bincount(cluster, weights=y)
-    n = np.bincount(cluster, weights=neg_w)
-    a = np.bincount(cluster, weights=y * neg_below[level] / neg_total) - m * auc
-    b = np.bincount(cluster, weights=neg_w * pos_above[level] / pos_total) - n * auc
-    i10, i01, i = int(np.count_nonzero(m > 0)), int(np.count_nonzero(n > 0)), m.size
+    cluster = np.unique(g, return_inverse=True)[1] if n_groups is None else g
+    size = 0 if n_groups is None else n_groups
+    m = np.bincount(cluster, weights=y, minlength=size)
+    n = np.bincount(cluster, weights=neg_w, minlength=size)
+    a = np.bincount(cluster, weights=y * neg_below[level] / neg_total, minlength=size) - m * auc
+    b = np.bincount(cluster, weights=neg_w * pos_above[level] / pos_total, minlength=size) - n * auc
+    i10, i01 = int(np.count_nonzero(m > 0)), int(np.count_nonzero(n > 0))
+    i = int(np.count_nonzero((m > 0) | (n > 0)))
     if min(i10, i01) < 2:
         return auc, math.nan
     s10 = i10 / ((i10 - 1) * pos_total) * float(np.dot(a, a))
