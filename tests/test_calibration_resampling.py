@@ -101,7 +101,7 @@ def test_clustered_auroc_se_is_the_spread_of_auroc_over_runs():
     independent runs of the same requests' process (300 simulated runs), where the steps-as-independent
     SE is far too small."""
     rng = np.random.default_rng(7)
-    aucs, ses, naive = [], [], []
+    aucs, ses = [], []
     for _ in range(300):
         y, p, g = _clustered_run(rng)
         auc, se = metrics.clustered_auroc(y, p, g)

@@ -353,7 +353,7 @@ def validate_parts(all_steps: dict, lo, mid, hi, truth, emu, *, category, worklo
     every = np.ones(lo.size, dtype=bool)
     rows = [{"group_kind": "all_steps", "group": ALL, **_from_sums(all_steps)},
             {"group_kind": "overall", "group": ALL, **_stats(lo, mid, hi, truth, emu, every, greedy)}]
-    sampling = np.where(greedy, "greedy", "temperature")
+    sampling = np.array(["temperature", "greedy"], dtype=object)[greedy.astype(np.intp)]   # no string per step
     for kind, labels in (("sampling", sampling), ("category", np.asarray(category, dtype=object)),
                          ("workload", np.asarray(workload, dtype=object))):
         for name, mask in _groups(labels)[1:]:
