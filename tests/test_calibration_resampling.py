@@ -122,6 +122,9 @@ def test_clustered_auroc_se_agrees_with_the_request_bootstrap_and_delong():
     sparse_codes = np.where(g % 2 == 0, g, g + 1000)   # cluster numbers given as they are, gaps and all
     assert metrics.clustered_auroc(y, p, sparse_codes, n_groups=int(sparse_codes.max()) + 1) == \
         pytest.approx(metrics.clustered_auroc(y, p, g), rel=1e-12)
+    every = np.concatenate([p, [0.0, 0.55555, 1.0]])   # the ranks among a larger set's scores, gaps and all
+    ranks = np.unique(every, return_inverse=True)[1][:p.size]
+    assert metrics.clustered_auroc(y, p, g, levels=ranks) == pytest.approx(metrics.clustered_auroc(y, p, g), rel=1e-12)
     reps = resampling.resampled_metrics(y, p, g, n_groups=int(g.max()) + 1, n_resamples=2000, seed=0, auroc_levels=None)
     assert se == pytest.approx(float(np.nanstd(reps["auroc"], ddof=1)), rel=0.08)
     rng = np.random.default_rng(3)

@@ -75,6 +75,14 @@ class _Events:
     unit: np.ndarray  # the request (the bootstrap unit) of each step: its number among unit_names
     unit_names: np.ndarray  # the requests as ``run:rid``, sorted
     gamma: int
+    _levels: dict = field(default_factory=dict, repr=False)
+
+    def score_levels(self, k: int) -> np.ndarray:
+        """Each step's rank among the survivals at position ``k`` (clipped to [0, 1]; ties equal): sorted once
+        for every workload's AUROC at ``k``."""
+        if k not in self._levels:
+            self._levels[k] = np.unique(np.clip(self.survival[:, k - 1], 0.0, 1.0), return_inverse=True)[1].reshape(-1)
+        return self._levels[k]
 
 
 def _events(con, runs: list[tuple[str, str]]) -> _Events | None:
@@ -144,8 +152,9 @@ class _Cell:
         exact = RequestSums(y[ok], p[ok], self.g[ok], n_groups=self.n_groups, binning=binning)
         point = {m: float(v[0]) for m, v in exact(self.ones, auroc=False).items()}
         reps = resampled_sums(exact, self.weights, auroc=False)
-        point["auroc"], auroc_se = cal_metrics.clustered_auroc(y[ok], np.clip(p[ok], 0.0, 1.0), self.g[ok],
-                                                               n_groups=self.n_groups)
+        point["auroc"], auroc_se = cal_metrics.clustered_auroc(
+            y[ok], np.clip(p[ok], 0.0, 1.0), self.g[ok], n_groups=self.n_groups,
+            levels=self.ev.score_levels(k)[self.mask][ok])
         return _Position(point, reps, y[ok], self.g[ok], int(ok.sum()), auroc_se)
 
 
