@@ -81,7 +81,8 @@ class _Events:
         """Each step's rank among the survivals at position ``k`` (clipped to [0, 1]; ties equal): sorted once
         for every workload's AUROC at ``k``."""
         if k not in self._levels:
-            self._levels[k] = np.unique(np.clip(self.survival[:, k - 1], 0.0, 1.0), return_inverse=True)[1].reshape(-1)
+            ranks = np.unique(np.clip(self.survival[:, k - 1], 0.0, 1.0), return_inverse=True)[1].reshape(-1)
+            self._levels[k] = ranks.astype(np.int32) if ranks.size < 2**31 else ranks   # kept for every position
         return self._levels[k]
 
 
@@ -296,15 +297,16 @@ def _position_figures(run_id: str, workload: str, k: int, row: dict, labels: str
             drift.baseline_value = b.point[metric]
             drift.baseline_ci = _interval(b.point[metric], b, metric)
             drift.baseline_n = b.n
-            drift.delta = c.point[metric] - b.point[metric]
             if delong:   # independent runs: the SEs add in quadrature
-                se = math.hypot(c.auroc_se, b.auroc_se)
-                se = se if math.isfinite(se) else None
+                drift.delta, se, drift.p_value = difference_ztest(c.point[metric], c.auroc_se,
+                                                                  b.point[metric], b.auroc_se)
             else:
+                drift.delta = c.point[metric] - b.point[metric]
                 se = _boot_se(c.reps[metric] - b.reps[metric])
+                if se is not None:
+                    drift.p_value = two_sided_p(drift.delta / se) if se > 0 else (1.0 if drift.delta == 0 else 0.0)
             if se is not None:
                 drift.delta_ci = (drift.delta - Z95 * se, drift.delta + Z95 * se)
-                drift.p_value = two_sided_p(drift.delta / se) if se > 0 else (1.0 if drift.delta == 0 else 0.0)
         elif base_ids and c and not b:
             drift.verdict, drift.note = "no_baseline", f"the baseline has no {workload} steps at k={k}"
         method = "value +- 1.96 request-clustered DeLong SE" if delong else "value +- 1.96 request-bootstrap SE"

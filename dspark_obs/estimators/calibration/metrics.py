@@ -320,7 +320,7 @@ def clustered_auroc(y_true, y_prob, groups, *, n_groups: int | None = None,
     Why not the request bootstrap the other figures use: a resample's AUROC
     re-ranks every step, a product of ``steps x resamples`` per cell, about
     10^10 operations per cell at ten million steps; this is one sort, and it
-    estimates the same clustered variance (``tests/test_calibration.py`` checks
+    estimates the same clustered variance (``tests/test_calibration_resampling.py`` checks
     it against the spread of AUROCs over simulated runs and against the
     bootstrap).  Soft labels count as in :func:`auroc_score`, whose value the
     first element equals.  ``(NaN, NaN)`` without positives or negatives; the SE
