@@ -154,3 +154,53 @@ def lagged_survival(
         if row is not None:
             out[i] = row
     return out
+
+
+def verify_token_budgets(history_survival: np.ndarray, table: CostTable, cfg: ScheduleConfig) -> np.ndarray:
+    """:func:`verify_token_budget`'s budget for S steps of one batch size at once (``[S, N, gamma]`` -> ``[S]``).
+
+    For schedule replay, whose logged steps do not depend on each other: each
+    row is sorted and summed in the same order as the one-step function, so the
+    budgets are equal to it step by step (``tests/test_scheduler_batch.py``).
+    """
+    surv = np.asarray(history_survival, dtype=np.float32)
+    steps, num_requests = surv.shape[:2]
+    cand = surv[:, :, : cfg.resolved_max_verify_len].reshape(steps, -1).astype(np.float64)
+    valid = cand >= cfg.survival_eps
+    ranked = -np.sort(np.where(valid, -cand, np.inf), axis=1)   # descending, the excluded last (as -inf)
+    sums = np.cumsum(np.where(valid.sum(axis=1, keepdims=True) > np.arange(ranked.shape[1]), ranked, 0.0), axis=1)
+    tau = num_requests + np.hstack([np.zeros((steps, 1)), sums])
+    if isinstance(table, SpsAdditiveCostTable):
+        theta = tau / _additive_step_seconds(table, num_requests, tau.shape[1])
+    else:
+        theta = tau * table.steps_per_sec(num_requests + np.arange(tau.shape[1]))
+    theta[np.arange(tau.shape[1]) > valid.sum(axis=1, keepdims=True)] = -np.inf   # beyond each step's candidates
+    return np.argmax(theta, axis=1).astype(np.int64)
+
+
+def verify_lens_topk_steps(survival: np.ndarray, budgets: np.ndarray, cfg: ScheduleConfig) -> np.ndarray:
+    """:func:`verify_lens_topk` for S steps of one batch size at once (``[S, N, gamma]``, ``[S]`` -> ``[S, N]``).
+
+    Each cell gets one sort key (its value descending, then its position-major
+    index), so one sort per step breaks ties as the one-step function does
+    (value desc, position asc, request asc) and the step's budget-th key is the
+    cut; equal to it step by step (``tests/test_scheduler_batch.py``).
+    """
+    surv = np.asarray(survival, dtype=np.float32)
+    steps, num_requests = surv.shape[:2]
+    max_len = cfg.resolved_max_verify_len
+    window = surv[:, :, :max_len]
+    cols = window.shape[2]
+    cells = window.transpose(0, 2, 1).reshape(steps, cols * num_requests)
+    valid = cells >= cfg.survival_eps
+    # one int64 key per cell: the value descending (a non-negative float32's bits order as the value;
+    # abs turns -0.0 into 0.0), then the position-major index; the excluded after every value
+    shift = max(1, (cells.shape[1] - 1).bit_length())
+    bits = np.abs(cells).view(np.uint32).astype(np.int64)
+    key = (np.where(valid, 0xFFFFFFFF - bits, 1 << 32) << shift) | np.arange(cells.shape[1])
+    ranked = np.sort(key, axis=1)
+    budgets = np.clip(np.asarray(budgets, dtype=np.int64).reshape(-1, 1), 0, cells.shape[1])
+    last = np.take_along_axis(ranked, np.maximum(budgets - 1, 0), axis=1)   # the budget-th key of each step
+    taken = (key <= last) & (budgets > 0)
+    extra = (taken & valid).reshape(steps, cols, num_requests).sum(axis=1)
+    return np.clip(cfg.min_verify_len + extra, max(cfg.min_verify_len, 1), max_len).astype(np.int32)

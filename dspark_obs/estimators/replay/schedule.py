@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from dspark_obs import costtable as ct
-from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk, verify_token_budget
+from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk_steps, verify_token_budgets
 
 DEFAULT_LAG_STEPS = 2
 SOURCES = ("truth", "ceiling", "survival")
@@ -128,28 +128,47 @@ def replay_schedule(log: StepLog, table: ct.CostTable, *, confidence: Optional[n
     """Re-plan every step: ``(budget [S], verify_len [R])`` from the one scheduler.
 
     ``confidence`` replaces the logged confidences (e.g. recalibrated ones).
+    The logged steps do not depend on each other (each plans on logged
+    survivals), so steps of one batch size are planned together, in blocks of
+    about :data:`_BLOCK_CELLS` survivals.
     """
     cfg = cfg or ScheduleConfig(gamma=log.gamma)
     conf = log.confidence if confidence is None else np.asarray(confidence, dtype=np.float32)
     surv = survival_from_confidence(conf)
-    lag_idx = lag_indices(log.dp_rank, log.segment, log.lag_steps)
+    hist = lagged_rows(log, surv)
     ptr = log.row_ptr
     budgets = np.zeros(log.num_steps, dtype=np.int64)
     lens = np.zeros(ptr[-1], dtype=np.int32)
-    for i in range(log.num_steps):
-        lo, hi = ptr[i], ptr[i + 1]
-        hist = np.ones((hi - lo, log.gamma), dtype=np.float32)
-        j = lag_idx[i]
-        if j >= 0:  # requests of step j keep their survival row; the rest are fresh
-            prev = log.rid[ptr[j]:ptr[j + 1]]
-            order = np.argsort(prev, kind="stable")
-            pos = np.minimum(np.searchsorted(prev[order], log.rid[lo:hi]), order.size - 1)
-            found = prev[order][pos] == log.rid[lo:hi]
-            hist[found] = surv[ptr[j] + order[pos[found]]]
-        decision = verify_token_budget(hist, table, cfg)
-        budgets[i] = decision.budget
-        lens[lo:hi] = verify_lens_topk(surv[lo:hi], decision.budget, cfg)
+    bs = log.bs
+    for size in np.unique(bs):
+        same = np.flatnonzero(bs == size)
+        per_block = max(1, _BLOCK_CELLS // (int(size) * log.gamma))
+        for at in range(0, same.size, per_block):
+            steps = same[at:at + per_block]
+            rows = ptr[steps][:, None] + np.arange(size)
+            budgets[steps] = verify_token_budgets(hist[rows], table, cfg)
+            lens[rows] = verify_lens_topk_steps(surv[rows], budgets[steps], cfg)
     return budgets, lens
+
+
+_BLOCK_CELLS = 1 << 20
+"""Survivals planned at once by :func:`replay_schedule` (bounds its working memory to tens of MB)."""
+
+
+def lagged_rows(log: StepLog, surv: np.ndarray) -> np.ndarray:
+    """Each row's history for the budget: its request's survival row at the lagged step, ones when the
+    request is not there (fresh) or the step has no lagged step ([R, gamma] float32)."""
+    step_of = np.repeat(np.arange(log.num_steps), log.bs)
+    width = int(log.rid.max()) + 1 if log.rid.size else 1
+    keys = step_of * width + log.rid
+    order = np.argsort(keys, kind="stable")
+    lag_idx = lag_indices(log.dp_rank, log.segment, log.lag_steps)[step_of]
+    wanted = lag_idx * width + log.rid
+    pos = np.minimum(np.searchsorted(keys[order], wanted), max(order.size - 1, 0))
+    found = (lag_idx >= 0) & (keys[order][pos] == wanted) if order.size else np.zeros(0, bool)
+    hist = np.ones_like(surv)
+    hist[found] = surv[order[pos[found]]]
+    return hist
 
 
 def conformance(log: StepLog, budgets: np.ndarray, verify_lens: np.ndarray) -> dict:
