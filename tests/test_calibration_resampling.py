@@ -150,3 +150,23 @@ def test_resamples_without_auroc_are_the_same_resamples():
     assert "auroc" not in lean and set(lean) == set(resampling.METRICS) - {"auroc"}
     for metric, values in lean.items():
         np.testing.assert_array_equal(values, full[metric])
+
+
+def test_positions_resampled_together_equal_each_resampled_alone():
+    rng = np.random.default_rng(8)
+    groups = rng.integers(0, 40, 3000)
+    weights = resampling.ResampleWeights(40, 70, 4)
+    many = []
+    for k, binning in enumerate(["width15", "mass10", "width20"]):   # different bin counts, side by side
+        p = rng.random(3000) ** (k + 1)
+        y = (rng.random(3000) < p).astype(float)
+        many.append(resampling.RequestSums(y, p, groups, n_groups=40, binning=binning))
+    together = resampling.resampled_together(many, weights)
+    assert len(together) == 3
+    for sums, got in zip(many, together):
+        alone = resampling.resampled_sums(sums, weights, auroc=False)
+        assert set(got) == set(alone)
+        for metric in alone:
+            assert got[metric].shape == (70,)
+            np.testing.assert_allclose(got[metric], alone[metric], rtol=1e-12, atol=1e-15)
+    assert not np.allclose(together[0]["ece"], together[1]["ece"])   # each its own sums

@@ -34,7 +34,7 @@ from dspark_obs import sql as sqlmod
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators.calibration import metrics as cal_metrics
 from dspark_obs.estimators import stats as bootstrap
-from dspark_obs.estimators.calibration.resampling import RequestSums, ResampleWeights, resampled_sums
+from dspark_obs.estimators.calibration.resampling import RequestSums, ResampleWeights, resampled_together
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Drift, Figure
 from dspark_obs.report.stats import Z95, clustered_mean, difference_ztest, two_sided_p
@@ -143,30 +143,36 @@ class _Cell:
         self.ev = ev
         self.weights = ResampleWeights(self.n_groups, n_boot, seed, self.keys)   # drawn once for every position
 
-    def position(self, k: int, binning: str) -> "_Position | None":
-        """The figures' inputs at position ``k`` (None: no steps)."""
-        y = self.ev.y[self.mask, k - 1]
-        p = self.ev.survival[self.mask, k - 1]
-        ok = ~np.isnan(y) & ~np.isnan(p)
-        if not ok.any():
-            return None
-        exact = RequestSums(y[ok], p[ok], self.g[ok], n_groups=self.n_groups, binning=binning)
-        point = {m: float(v[0]) for m, v in exact(self.ones, auroc=False).items()}
-        reps = resampled_sums(exact, self.weights, auroc=False)
-        point["auroc"], auroc_se = cal_metrics.clustered_auroc(
-            y[ok], np.clip(p[ok], 0.0, 1.0), self.g[ok], n_groups=self.n_groups,
-            levels=self.ev.score_levels(k)[self.mask][ok])
-        return _Position(point, reps, y[ok], self.g[ok], int(ok.sum()), auroc_se)
+    def positions(self, ks: list[int], binning: str) -> dict[int, "_Position | None"]:
+        """The figures' inputs at each position of ``ks`` (None: no steps); the resamples of every position
+        drawn together (:func:`resampled_together`: one product per block of weights)."""
+        exact, out = {}, {}
+        for k in ks:
+            y = self.ev.y[self.mask, k - 1]
+            p = self.ev.survival[self.mask, k - 1]
+            ok = ~np.isnan(y) & ~np.isnan(p)
+            if not ok.any():
+                out[k] = None
+                continue
+            y, p, g = y[ok], p[ok], self.g[ok]
+            exact[k] = RequestSums(y, p, g, n_groups=self.n_groups, binning=binning)
+            point = {m: float(v[0]) for m, v in exact[k](self.ones, auroc=False).items()}
+            point["auroc"], auroc_se = cal_metrics.clustered_auroc(
+                y, np.clip(p, 0.0, 1.0), g, n_groups=self.n_groups, levels=self.ev.score_levels(k)[self.mask][ok])
+            mean, se, _ = clustered_mean(y, g, n_groups=self.n_groups)
+            out[k] = _Position(point, {}, (mean, se), int(ok.sum()), auroc_se)
+        for k, reps in zip(exact, resampled_together(list(exact.values()), self.weights)):
+            out[k].reps.update(reps)
+        return out
 
 
 class _Position(NamedTuple):
-    """One cell's position: exact metrics, their resamples (all but AUROC), the labels with their requests,
-    the steps, and AUROC's clustered SE."""
+    """One cell's position: exact metrics, their resamples (all but AUROC), the acceptance's request-clustered
+    mean and SE, the steps, and AUROC's clustered SE."""
 
     point: dict
     reps: dict
-    y: np.ndarray
-    groups: np.ndarray
+    acceptance: tuple
     n: int
     auroc_se: float
 
@@ -273,16 +279,18 @@ def _run_figures(con, run: RunInfo, labels: str, rows: pd.DataFrame, baseline: l
         base = None
         if base_ev is not None and (workload == "*" or (base_ev.workload == workload).any()):
             base = _Cell(base_ev, workload, th.n_bootstrap, _seed(th.seed, "baseline", *base_ids, workload))
-        for row in rows[rows["workload"] == workload].to_dict("records"):
+        records = rows[rows["workload"] == workload].to_dict("records")
+        ks = sorted({int(row["position"]) for row in records})
+        now = cur.positions(ks, th.binning) if cur else {}
+        then = base.positions(ks, th.binning) if base else {}
+        for row in records:
             k = int(row["position"])
-            figures += _position_figures(run.run_id, workload, k, row, labels, cur, base, base_ids, th)
+            figures += _position_figures(run.run_id, workload, k, row, labels, now.get(k), then.get(k), base_ids, th)
     return figures
 
 
-def _position_figures(run_id: str, workload: str, k: int, row: dict, labels: str, cur: _Cell | None,
-                      base: _Cell | None, base_ids: list[str], th: Thresholds) -> list[Figure]:
-    c = cur.position(k, th.binning) if cur else None
-    b = base.position(k, th.binning) if base else None
+def _position_figures(run_id: str, workload: str, k: int, row: dict, labels: str, c: _Position | None,
+                      b: _Position | None, base_ids: list[str], th: Thresholds) -> list[Figure]:
     detail = {"labels": labels, "binning": th.binning, "label_source": row.get("label_source"),
               "n_requests": row.get("n_requests")}
     figures = []
@@ -317,12 +325,12 @@ def _position_figures(run_id: str, workload: str, k: int, row: dict, labels: str
     value = _value(row, "observed_rate", c.point["acceptance"] if c else np.nan)
     lo = hi = se = None
     if c:
-        _, se, _ = clustered_mean(c.y, c.groups)
+        se = c.acceptance[1]
         if se is not None and np.isfinite(se):
             lo, hi = max(0.0, value - Z95 * se), min(1.0, value + Z95 * se)
     drift = Drift(test="two-proportion z-test (request-clustered SEs)", baseline_runs=base_ids)
     if c and b:
-        mean_b, se_b, _ = clustered_mean(b.y, b.groups)
+        mean_b, se_b = b.acceptance
         drift.baseline_value, drift.baseline_n = mean_b, b.n
         if se_b is not None and np.isfinite(se_b):
             drift.baseline_ci = (max(0.0, mean_b - Z95 * se_b), min(1.0, mean_b + Z95 * se_b))

@@ -70,11 +70,13 @@ def poisson_interval(count: int, *, level: float = 0.95) -> tuple[float, float]:
     return lo, hi
 
 
-def clustered_mean(y: np.ndarray, groups: np.ndarray) -> tuple[float, float, int]:
+def clustered_mean(y: np.ndarray, groups: np.ndarray, *, n_groups: int | None = None) -> tuple[float, float, int]:
     """Mean of ``y`` and its cluster-robust standard error (clusters = ``groups``); also the cluster count.
 
     Steps of one request are not independent; the ratio estimator's variance
     sums the squared cluster residuals, ``G / (G - 1) * sum_g (Y_g - p n_g)^2 / n^2``.
+    ``n_groups``: ``groups`` are already cluster numbers ``0..n_groups-1`` (not
+    relabelled; a number without steps is no cluster).
 
     >>> m, se, g = clustered_mean(np.array([1., 1, 0, 0]), np.array([0, 0, 1, 1]))
     >>> m, round(se, 3), g
@@ -83,10 +85,10 @@ def clustered_mean(y: np.ndarray, groups: np.ndarray) -> tuple[float, float, int
     y = np.asarray(y, dtype=np.float64)
     if y.size == 0:
         return math.nan, math.nan, 0
-    _, g = np.unique(np.asarray(groups), return_inverse=True)
-    n_g = np.bincount(g).astype(np.float64)
-    y_g = np.bincount(g, weights=y)
-    n, clusters = float(y.size), int(n_g.size)
+    g = np.unique(np.asarray(groups), return_inverse=True)[1] if n_groups is None else np.asarray(groups)
+    n_g = np.bincount(g, minlength=n_groups or 0).astype(np.float64)
+    y_g = np.bincount(g, weights=y, minlength=n_groups or 0)
+    n, clusters = float(y.size), int(np.count_nonzero(n_g))
     mean = float(y_g.sum() / n)
     if clusters < 2:
         return mean, math.nan, clusters

@@ -161,6 +161,12 @@ def run_info(con, run_id: str) -> tuple[str, int | None]:
 def _list_matrix(column: pa.ChunkedArray, gamma: int, name: str) -> np.ndarray:
     """A list<float> column as (n, gamma) float64; null rows become NaN."""
     arr = column.combine_chunks()
+    if arr.null_count == 0:   # the common case: one reshape of the values, no row mask
+        lengths = pc.list_value_length(arr)
+        if len(arr) and (pc.min(lengths).as_py() != gamma or pc.max(lengths).as_py() != gamma):
+            raise CalibrationDataError(f"{name} lists have lengths {sorted(set(lengths.to_pylist()))}, "
+                                       f"expected gamma = {gamma}")
+        return np.asarray(pc.list_flatten(arr).to_numpy(zero_copy_only=False), dtype=np.float64).reshape(len(arr), gamma)
     out = np.full((len(arr), gamma), np.nan)
     valid = ~np.asarray(arr.is_null().to_numpy(zero_copy_only=False))
     if valid.any():
@@ -282,10 +288,13 @@ def predictions_of(table: pa.Table, gamma: int | None) -> tuple[int, np.ndarray,
         gamma = max(pc.max(pc.list_value_length(table.column(c))).as_py() or 0 for c in ("confidence", "survival"))
     conf = _list_matrix(table.column("confidence"), gamma, "confidence")
     surv = _list_matrix(table.column("survival"), gamma, "survival")
-    surv = np.where(np.isnan(surv), np.cumprod(conf, axis=1), surv)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = surv / np.concatenate([np.ones((len(surv), 1)), surv[:, :-1]], axis=1)
-    return gamma, surv, np.where(np.isnan(conf), ratio, conf)
+    if np.isnan(surv).any():   # each missing one from the other (computed only when one is missing)
+        surv = np.where(np.isnan(surv), np.cumprod(conf, axis=1), surv)
+    if np.isnan(conf).any():
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = surv / np.concatenate([np.ones((len(surv), 1)), surv[:, :-1]], axis=1)
+        conf = np.where(np.isnan(conf), ratio, conf)
+    return gamma, surv, conf
 
 
 def split_outer(table: pa.Table, run_id: str, mode: str, gamma: int | None,

@@ -27,6 +27,7 @@ from dspark_obs.estimators.replay.schedule import (
     StepLog,
     confidence_from_survival,
     conformance,
+    lag_sources,
     recalibrate,
     replay_schedule,
 )
@@ -123,9 +124,8 @@ def _read_run(con, run: str, timer: str, default_lag: int) -> tuple[str, int | N
 
 def _rows_by_step(run: str, steps: pa.Table, reqs: pa.Table) -> tuple[pa.Table, pa.Table, np.ndarray]:
     """Steps and request rows in step order (rows keep their batch order) and the rows of each step (CSR)."""
-    steps = steps.take(np.argsort(_step_code(steps), kind="stable"))
-    reqs = reqs.take(np.argsort(_step_code(reqs), kind="stable"))  # stable: keeps the batch order
-    step_code, row_code = _step_code(steps), _step_code(reqs)
+    steps, step_code = _in_step_order(steps)
+    reqs, row_code = _in_step_order(reqs)
     if np.setdiff1d(row_code, step_code).size:
         raise ValueError(f"run {run!r}: some step_reqs rows have no steps row; the store is inconsistent "
                          "(re-collect the run)")
@@ -136,6 +136,16 @@ def _rows_by_step(run: str, steps: pa.Table, reqs: pa.Table) -> tuple[pa.Table, 
         steps = steps.filter(pa.array(keep))
         ptr, ptr_end = ptr[keep], ptr_end[keep]
     return steps, reqs, np.concatenate([ptr, ptr_end[-1:]]).astype(np.int64)
+
+
+def _in_step_order(t: pa.Table) -> tuple[pa.Table, np.ndarray]:
+    """The rows sorted by step (stable: a step's rows keep their batch order) and their step codes; rows
+    read in step order already (a store's files usually are) are not copied."""
+    code = _step_code(t)
+    if code.size and np.any(code[1:] < code[:-1]):
+        order = np.argsort(code, kind="stable")
+        return t.take(order), code[order]
+    return t, code
 
 
 def _request_codes(reqs: pa.Table) -> np.ndarray:
@@ -200,17 +210,9 @@ def _ceiling(con, run: str, reqs: pa.Table, gamma: int) -> Optional[tuple[np.nda
     try:
         if not con.sql("SELECT count(*) FROM ceiling WHERE run_id = $run", params={"run": run}).fetchall()[0][0]:
             return None
-        got = con.sql("""
-            WITH c AS (
-                SELECT rid, forward_ct, dp_rank, segment, lo, mid, hi FROM ceiling WHERE run_id = $run
-                QUALIFY row_number() OVER (PARTITION BY rid, forward_ct, dp_rank, segment
-                                           ORDER BY coalesce(method, '') = 'default' DESC) = 1
-            )
-            SELECT c.lo, c.mid, c.hi
-            FROM _replay_ceiling_keys AS k
-            LEFT JOIN c ON c.rid IS NOT DISTINCT FROM k.rid AND c.forward_ct = k.forward_ct
-                       AND c.dp_rank = k.dp_rank AND c.segment IS NOT DISTINCT FROM k.segment
-            ORDER BY k.i""", params={"run": run}).to_arrow_table()
+        got = _ceiling_rows(con, run, first_of_several=False)   # one row per step: the window is costly
+        if got.num_rows != reqs.num_rows:   # several methods (or rows) per step: 'default' first
+            got = _ceiling_rows(con, run, first_of_several=True)
     except Exception:  # a ceiling table of another shape: fall back to the survival expectation
         return None
     finally:
@@ -218,6 +220,21 @@ def _ceiling(con, run: str, reqs: pa.Table, gamma: int) -> Optional[tuple[np.nda
     vals = [np.clip(got.column(c).to_numpy(zero_copy_only=False).astype(np.float64), 0.0, gamma)
             for c in ("lo", "mid", "hi")]
     return vals[0], vals[1], vals[2]
+
+
+def _ceiling_rows(con, run: str, *, first_of_several: bool) -> pa.Table:
+    """``(lo, mid, hi)`` for each row of ``_replay_ceiling_keys``, in its order (null where none)."""
+    one = ("QUALIFY row_number() OVER (PARTITION BY rid, forward_ct, dp_rank, segment "
+           "ORDER BY coalesce(method, '') = 'default' DESC) = 1") if first_of_several else ""
+    return con.sql(f"""
+        WITH c AS (
+            SELECT rid, forward_ct, dp_rank, segment, lo, mid, hi FROM ceiling WHERE run_id = $run {one}
+        )
+        SELECT c.lo, c.mid, c.hi
+        FROM _replay_ceiling_keys AS k
+        LEFT JOIN c ON c.rid IS NOT DISTINCT FROM k.rid AND c.forward_ct = k.forward_ct
+                   AND c.dp_rank = k.dp_rank AND c.segment IS NOT DISTINCT FROM k.segment
+        ORDER BY k.i""", params={"run": run}).to_arrow_table()
 
 
 def planning_table(con, run: str) -> tuple[ct.CostTable, str]:
@@ -268,7 +285,8 @@ def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
         table_note = "--sps-table"
     time_table, time_note = _time_table(con, run, time_table, sps_table, table_note)
     cfg = ScheduleConfig(gamma=log.gamma)
-    budgets, lens = replay_schedule(log, sps_table, cfg=cfg)
+    sources = lag_sources(log)   # the history rows of every scenario below
+    budgets, lens = replay_schedule(log, sps_table, cfg=cfg, sources=sources)
     report = ReplayReport(run=run, table_note=table_note, time_model=time_note,
                           conformance={**conformance(log, budgets, lens), "table": table_note})
     base = {"acceptance_source": log.acceptance_source, "estimated_share": log.estimated_share,
@@ -280,18 +298,18 @@ def replay_run(con, run: str, *, sps_table: Optional[ct.CostTable] = None,
     if sts_temperatures is not None:
         current = current_temperatures if current_temperatures is not None else [1.0] * log.gamma
         conf_new = recalibrate(log.confidence, current, sts_temperatures)
-        _, lens_sts = replay_schedule(log, sps_table, confidence=conf_new, cfg=cfg)
+        _, lens_sts = replay_schedule(log, sps_table, confidence=conf_new, cfg=cfg, sources=sources)
         report.whatif.append({"scenario": "sts", **price_schedule(log, lens_sts, time_table), **base})
     if survival_maps is not None:
         conf_map = confidence_from_survival(apply_survival_map(survival_from_confidence(log.confidence),
                                                                list(survival_maps)))
-        _, lens_map = replay_schedule(log, sps_table, confidence=conf_map, cfg=cfg)
+        _, lens_map = replay_schedule(log, sps_table, confidence=conf_map, cfg=cfg, sources=sources)
         report.whatif.append({"scenario": "recalibration", **price_schedule(log, lens_map, time_table), **base})
     if whatif_table is not None:
-        _, lens_t = replay_schedule(log, whatif_table, cfg=cfg)
+        _, lens_t = replay_schedule(log, whatif_table, cfg=cfg, sources=sources)
         report.whatif.append({"scenario": "table", **price_schedule(log, lens_t, time_table), **base})
         if conf_new is not None:
-            _, lens_both = replay_schedule(log, whatif_table, confidence=conf_new, cfg=cfg)
+            _, lens_both = replay_schedule(log, whatif_table, confidence=conf_new, cfg=cfg, sources=sources)
             report.whatif.append({"scenario": "sts+table", **price_schedule(log, lens_both, time_table), **base})
     if log.acceptance_source == "survival":
         report.notes.append(

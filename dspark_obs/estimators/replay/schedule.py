@@ -124,18 +124,20 @@ def lag_indices(dp_rank: np.ndarray, segment: np.ndarray, lag_steps: np.ndarray)
 
 
 def replay_schedule(log: StepLog, table: ct.CostTable, *, confidence: Optional[np.ndarray] = None,
-                    cfg: Optional[ScheduleConfig] = None) -> tuple[np.ndarray, np.ndarray]:
+                    cfg: Optional[ScheduleConfig] = None, sources: Optional[np.ndarray] = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """Re-plan every step: ``(budget [S], verify_len [R])`` from the one scheduler.
 
-    ``confidence`` replaces the logged confidences (e.g. recalibrated ones).
-    The logged steps do not depend on each other (each plans on logged
+    ``confidence`` replaces the logged confidences (e.g. recalibrated ones);
+    ``sources`` is :func:`lag_sources` of the log, when the caller replays it more than once.  The logged steps do not depend on each other (each plans on logged
     survivals), so steps of one batch size are planned together, in blocks of
     about :data:`_BLOCK_CELLS` survivals.
     """
     cfg = cfg or ScheduleConfig(gamma=log.gamma)
     conf = log.confidence if confidence is None else np.asarray(confidence, dtype=np.float32)
     surv = survival_from_confidence(conf)
-    hist = lagged_rows(log, surv)
+    sources = lag_sources(log) if sources is None else sources
+    hist = np.where((sources >= 0)[:, None], surv[np.maximum(sources, 0)], np.float32(1.0))
     ptr = log.row_ptr
     budgets = np.zeros(log.num_steps, dtype=np.int64)
     lens = np.zeros(ptr[-1], dtype=np.int32)
@@ -155,9 +157,9 @@ _BLOCK_CELLS = 1 << 20
 """Survivals planned at once by :func:`replay_schedule` (bounds its working memory to tens of MB)."""
 
 
-def lagged_rows(log: StepLog, surv: np.ndarray) -> np.ndarray:
-    """Each row's history for the budget: its request's survival row at the lagged step, ones when the
-    request is not there (fresh) or the step has no lagged step ([R, gamma] float32)."""
+def lag_sources(log: StepLog) -> np.ndarray:
+    """Each row's history source for the budget: its request's row at the lagged step, -1 when the request
+    is not there (fresh) or the step has no lagged step (int64 [R]; the same for every replay of a log)."""
     step_of = np.repeat(np.arange(log.num_steps), log.bs)
     width = int(log.rid.max()) + 1 if log.rid.size else 1
     keys = step_of * width + log.rid
@@ -166,9 +168,7 @@ def lagged_rows(log: StepLog, surv: np.ndarray) -> np.ndarray:
     wanted = lag_idx * width + log.rid
     pos = np.minimum(np.searchsorted(keys[order], wanted), max(order.size - 1, 0))
     found = (lag_idx >= 0) & (keys[order][pos] == wanted) if order.size else np.zeros(0, bool)
-    hist = np.ones_like(surv)
-    hist[found] = surv[order[pos[found]]]
-    return hist
+    return np.where(found, order[pos] if order.size else pos, -1)
 
 
 def conformance(log: StepLog, budgets: np.ndarray, verify_lens: np.ndarray) -> dict:
