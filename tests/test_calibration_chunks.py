@@ -17,7 +17,7 @@ from dspark_obs.estimators.ceiling import estimate_run
 from dspark_obs.store import Store
 
 FLOATS = {"mean_predicted", "observed_rate", "ece", "ece_ci_lo", "ece_ci_hi", "debiased_ece", "mce", "brier",
-          "log_loss"}
+          "log_loss", "auroc_se", "observed_rate_se"}
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +53,10 @@ def test_chunks_give_one_pass_figures(generated, labels, n_bootstrap):
     # counts, AUROC and bin edges exactly (the sample holds the whole run); sums up to addition order
     _compare(one.summary, many.summary, exact={"auroc", "n", "n_requests"})
     _compare(one.bins, many.bins, exact={"bin_lo", "bin_hi", "count"})
+    # every resample's figures too (the report's intervals and drift tests come from them)
+    cells = sum(n > 0 for n in one.summary.column("n").to_pylist())   # each binning of each cell with steps
+    assert one.resamples.num_rows == cells * n_bootstrap
+    _compare(one.resamples, many.resamples, exact={"resample"})
     assert one.notes == many.notes
 
 
@@ -60,7 +64,8 @@ def test_a_sample_smaller_than_the_run_only_moves_auroc_and_mass_edges(generated
     one = cal.calibrate_run(generated, "bench", n_bootstrap=0, write=False)
     many = cal.calibrate_run(generated, "bench", n_bootstrap=0, write=False, chunk_rows=600, sample_rows=1500)
     width = [i for i, b in enumerate(one.summary.column("binning").to_pylist()) if b != "mass15"]
-    _compare(one.summary.take(width).drop_columns(["auroc"]), many.summary.take(width).drop_columns(["auroc"]),
+    _compare(one.summary.take(width).drop_columns(["auroc", "auroc_se"]),
+             many.summary.take(width).drop_columns(["auroc", "auroc_se"]),
              exact={"n", "n_requests"})
     a, b = (np.array(t.column("auroc").to_pylist(), dtype=float) for t in (one.summary, many.summary))
     assert np.nanmax(np.abs(a - b)) < 0.1   # a 30% sample of requests: sampling noise only

@@ -1,4 +1,6 @@
-"""Bootstrap weights drawn per request, not per position in a list: the same on any split of a run.
+"""Statistics over requests, the unit steps cluster in: bootstrap weights and the clustered mean.
+
+Bootstrap weights are drawn per request, not per position in a list: the same on any split of a run.
 
 A request-level bootstrap reweights whole requests.  Drawing the weights as one
 multinomial over the run's requests ties every weight to the request's position
@@ -24,7 +26,7 @@ import numpy as np
 
 from dspark_obs.keys import stable_keys
 
-__all__ = ["unit_keys", "poisson_weights", "group_weights", "BLOCK"]
+__all__ = ["unit_keys", "run_unit_keys", "poisson_weights", "group_weights", "BLOCK", "clustered_mean", "clustered_mean_of_sums"]
 
 BLOCK = 64
 """Resamples drawn and reduced at a time by callers that bound their memory."""
@@ -42,6 +44,18 @@ def unit_keys(units) -> np.ndarray:
     Units are hashed once each; pass distinct values (callers factorize first).
     """
     return stable_keys(units)
+
+
+def run_unit_keys(run_id: str, units) -> np.ndarray:
+    """:func:`unit_keys` of requests of the run ``run_id``: the rid's key mixed with the run's, so that two runs'
+    requests of one rid (a replayed prompt set, an emulator's numbering) are resampled independently, as a
+    drift test between runs and a baseline pooled from several assume.
+
+    >>> a, b = run_unit_keys("night-1", ["r1"]), run_unit_keys("night-2", ["r1"])
+    >>> bool(a[0] != b[0]), bool((run_unit_keys("night-1", ["r1"]) == a).all())
+    (True, True)
+    """
+    return unit_keys(units) ^ _mix(stable_keys([run_id]))[0]
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -92,3 +106,47 @@ def group_weights(n_groups: int, n_resamples: int, seed: int, keys: np.ndarray |
     if keys is None:
         keys = unit_keys(range(n_groups))
     return poisson_weights(keys, n_resamples, seed, start=start)
+
+
+def clustered_mean(y: np.ndarray, groups: np.ndarray, *, n_groups: int | None = None) -> tuple[float, float, int]:
+    """Mean of ``y`` and its cluster-robust standard error (clusters = ``groups``); also the cluster count.
+
+    Steps of one request are not independent; the ratio estimator's variance
+    sums the squared cluster residuals, ``G / (G - 1) * sum_g (Y_g - p n_g)^2 / n^2``.
+    ``n_groups``: ``groups`` are already cluster numbers ``0..n_groups-1`` (not
+    relabelled; a number without steps is no cluster).
+
+    >>> m, se, g = clustered_mean(np.array([1., 1, 0, 0]), np.array([0, 0, 1, 1]))
+    >>> m, round(se, 3), g
+    (0.5, 0.5, 2)
+    """
+    y = np.asarray(y, dtype=np.float64)
+    if y.size == 0:
+        return math.nan, math.nan, 0
+    g = np.unique(np.asarray(groups), return_inverse=True)[1] if n_groups is None else np.asarray(groups)
+    n_g = np.bincount(g, minlength=n_groups or 0).astype(np.float64)
+    y_g = np.bincount(g, weights=y, minlength=n_groups or 0)
+    n, clusters = float(y.size), int(np.count_nonzero(n_g))
+    mean = float(y_g.sum() / n)
+    return mean, _clustered_se(float(np.sum((y_g - mean * n_g) ** 2)), n, clusters), clusters
+
+
+def clustered_mean_of_sums(n: float, y_sum: float, sums, clusters: int) -> tuple[float, float]:
+    """:func:`clustered_mean`'s mean and SE from sums a chunked pass adds up: the steps, the labels' sum and,
+    over requests, ``(sum Y_g^2, sum Y_g n_g, sum n_g^2)`` (the squared residuals expanded).
+
+    >>> clustered_mean_of_sums(4, 2.0, (4.0, 4.0, 8.0), 2)
+    (0.5, 0.5)
+    """
+    if not n:
+        return math.nan, math.nan
+    mean = y_sum / n
+    y2, yn, n2 = (float(v) for v in sums)
+    return mean, _clustered_se(max(y2 - 2.0 * mean * yn + mean * mean * n2, 0.0), float(n), clusters)
+
+
+def _clustered_se(residual_ss: float, n: float, clusters: int) -> float:
+    """``sqrt(G / (G - 1) * sum_g (Y_g - p n_g)^2 / n^2)``; NaN with fewer than two clusters."""
+    if clusters < 2:
+        return math.nan
+    return math.sqrt(clusters / (clusters - 1) * residual_ss / (n * n))

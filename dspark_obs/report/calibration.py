@@ -2,12 +2,13 @@
 
 Values come from the ``calibration`` table (``dspark-obs calibrate``) for the
 run's best label kind (companion > reconstructed > observed, or the kind the
-thresholds name).  Intervals and drift come from the run's events
-(:func:`dspark_obs.estimators.calibration.events.load_events`):
+thresholds name).  So do the intervals, from what ``calibrate`` kept: each
+bootstrap resample's figures (``calibration_resamples``), AUROC's and the
+acceptance's request-clustered SEs (``auroc_se``, ``observed_rate_se``):
 
 * ECE, debiased ECE, Brier: the value +- 1.96 request-bootstrap standard
-  errors; drift is the bootstrap of the difference (the run and the baseline
-  resampled independently), tested with a z on its bootstrap standard error;
+  errors; drift is the bootstrap of the difference, tested with a z on its
+  bootstrap standard error;
 * AUROC: the value +- 1.96 request-clustered DeLong standard errors
   (:func:`~dspark_obs.estimators.calibration.metrics.clustered_auroc`: the same
   clustered variance as the request bootstrap, without re-ranking every step
@@ -16,14 +17,19 @@ thresholds name).  Intervals and drift come from the run's events
   mean with a request-clustered standard error; drift is the two-proportion
   z-test on those standard errors.
 
-Baseline runs are pooled (their requests keep apart: ``run:rid``), each with the
-current run's label kind when it has it, else its own best.
+A resample weighs each request by Poisson(1) weights drawn from its run, its rid
+and the seed (:mod:`dspark_obs.estimators.stats`), as ``calibrate`` draws them:
+a run and its baseline are resampled independently.  The
+run's events are read again (:func:`dspark_obs.estimators.calibration.events.load_events`)
+only when the stored figures cannot serve: a store calibrated before they were
+kept, a bootstrap of another size than the thresholds ask, or a baseline of
+several runs, which are pooled (their requests keep apart as ``run:rid``, each
+with the current run's label kind when it has it, else its own best).
 """
 
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -74,6 +80,7 @@ class _Events:
     workload: np.ndarray
     unit: np.ndarray  # the request (the bootstrap unit) of each step: its number among unit_names
     unit_names: np.ndarray  # the requests as ``run:rid``, sorted
+    unit_keys: np.ndarray   # each one's bootstrap key (its run's and rid's: what its weights are drawn from)
     gamma: int
     _levels: dict = field(default_factory=dict, repr=False)
 
@@ -101,14 +108,15 @@ def _events(con, runs: list[tuple[str, str]]) -> _Events | None:
     # each run's requests named once (not once per step), then numbered in the sorted order of the names
     codes, names = zip(*(_factorize(ev.rid) for _, ev in parts))
     offsets = np.cumsum([0, *(len(n) for n in names)])
-    unit_names, rank = np.unique(np.asarray([f"{run}:{rid}" for (run, _), n in zip(parts, names) for rid in n],
-                                            dtype=str), return_inverse=True)
+    unit_names, first, rank = np.unique(np.asarray([f"{run}:{rid}" for (run, _), n in zip(parts, names) for rid in n],
+                                                   dtype=str), return_index=True, return_inverse=True)
+    keys = np.concatenate([bootstrap.run_unit_keys(run, list(n)) for (run, _), n in zip(parts, names)])
     return _Events(
         y=np.vstack([pad(ev.y) for _, ev in parts]),
         survival=np.vstack([pad(ev.survival) for _, ev in parts]),
         workload=np.concatenate([ev.workload.astype(object) for _, ev in parts]),
         unit=np.concatenate([rank.reshape(-1)[c + o] for c, o in zip(codes, offsets)]).astype(np.int64),
-        unit_names=unit_names, gamma=gamma)
+        unit_names=unit_names, unit_keys=keys[first], gamma=gamma)
 
 
 def _factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -127,10 +135,6 @@ def _dense(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(present), (np.cumsum(present) - 1)[codes]
 
 
-def _seed(base: int, *parts: str) -> int:
-    return (base * 1_000_003 + zlib.crc32("|".join(parts).encode())) % (2**32)
-
-
 class _Cell:
     """One workload of one event set: its requests indexed once, the same resamples at every position."""
 
@@ -138,7 +142,7 @@ class _Cell:
         self.mask = np.ones(len(ev.unit), bool) if workload == "*" else ev.workload == workload
         units, self.g = _dense(ev.unit[self.mask])   # numbered in the sorted order of their names
         self.n_groups = int(self.g.max()) + 1 if self.g.size else 0
-        self.keys = bootstrap.unit_keys(ev.unit_names[units].tolist())  # a request's weights follow its id
+        self.keys = ev.unit_keys[units]  # a request's weights follow its run and rid, as calibrate draws them
         self.ones = np.ones((1, self.n_groups))
         self.ev = ev
         self.weights = ResampleWeights(self.n_groups, n_boot, seed, self.keys)   # drawn once for every position
@@ -219,6 +223,8 @@ def calibration_section(con, runs: list[RunInfo], baselines: dict[str, list[RunI
     ids = sorted({r.run_id for r in runs} | {b.run_id for bs in baselines.values() for b in bs})
     table = sqlmod.query(con, "report_calibration", {"runs": ids, "binning": th.binning}).to_pandas()
     bins = sqlmod.query(con, "report_calibration_bins", {"runs": ids, "binning": th.binning}).to_pandas()
+    resamples = sqlmod.query(con, "report_calibration_resamples", {"runs": ids, "binning": th.binning}).to_pandas()
+    kept = _Kept(table, resamples, th.n_bootstrap)
     kinds = {run: set(sub["labels"]) for run, sub in table.groupby("run_id")} if not table.empty else {}
     judged_rows, judged_bins = [], []
     for run in runs:
@@ -233,7 +239,7 @@ def calibration_section(con, runs: list[RunInfo], baselines: dict[str, list[RunI
         rows = table[(table["run_id"] == run.run_id) & (table["labels"] == labels)]
         judged_rows.append(rows)
         judged_bins.append(bins[(bins["run_id"] == run.run_id) & (bins["labels"] == labels)])
-        out.figures += _run_figures(con, run, labels, rows, baselines.get(run.run_id, []), kinds, th, out.notes)
+        out.figures += _run_figures(con, run, labels, rows, baselines.get(run.run_id, []), kinds, th, out.notes, kept)
     if judged_rows:
         out.rows = _with_report_intervals(pd.concat(judged_rows, ignore_index=True), out.figures)
         out.bins = pd.concat(judged_bins, ignore_index=True)
@@ -253,13 +259,8 @@ def _with_report_intervals(rows: pd.DataFrame, figures: list[Figure]) -> pd.Data
 
 
 def _run_figures(con, run: RunInfo, labels: str, rows: pd.DataFrame, baseline: list[RunInfo],
-                 kinds: dict[str, set[str]], th: Thresholds, notes: list[str]) -> list[Figure]:
-    try:
-        ev = _events(con, [(run.run_id, labels)])
-    except ValueError as exc:  # CalibrationDataError: the table exists but the events cannot be rebuilt
-        notes.append(f"{run.run_id}: calibration intervals unavailable: {exc}")
-        ev = None
-    base_pairs, base_ev = [], None
+                 kinds: dict[str, set[str]], th: Thresholds, notes: list[str], kept: "_Kept") -> list[Figure]:
+    base_pairs = []
     for b in baseline:
         kind = labels if labels in kinds.get(b.run_id, set()) else choose_labels(kinds.get(b.run_id, set()))
         if kind is None:
@@ -268,25 +269,79 @@ def _run_figures(con, run: RunInfo, labels: str, rows: pd.DataFrame, baseline: l
         if kind != labels:
             notes.append(f"baseline {b.run_id}: no {labels} labels; compared on its {kind} labels")
         base_pairs.append((b.run_id, kind))
-    try:
-        base_ev = _events(con, base_pairs) if base_pairs else None
-    except ValueError as exc:
-        notes.append(f"baseline calibration events unavailable: {exc}")
     base_ids = [r for r, _ in base_pairs]
+    now_kept = kept.positions(run.run_id, labels)
+    then_kept = kept.positions(*base_pairs[0]) if len(base_pairs) == 1 else None
+    ev = base_ev = None
+    if now_kept is None:
+        try:
+            ev = _events(con, [(run.run_id, labels)])
+        except ValueError as exc:  # CalibrationDataError: the table exists but the events cannot be rebuilt
+            notes.append(f"{run.run_id}: calibration intervals unavailable: {exc}")
+    if base_pairs and then_kept is None:
+        try:
+            base_ev = _events(con, base_pairs)
+        except ValueError as exc:
+            notes.append(f"baseline calibration events unavailable: {exc}")
     figures = []
     for workload in list(dict.fromkeys(rows["workload"])):
-        cur = _Cell(ev, workload, th.n_bootstrap, _seed(th.seed, run.run_id, workload)) if ev else None
-        base = None
-        if base_ev is not None and (workload == "*" or (base_ev.workload == workload).any()):
-            base = _Cell(base_ev, workload, th.n_bootstrap, _seed(th.seed, "baseline", *base_ids, workload))
         records = rows[rows["workload"] == workload].to_dict("records")
         ks = sorted({int(row["position"]) for row in records})
-        now = cur.positions(ks, th.binning) if cur else {}
-        then = base.positions(ks, th.binning) if base else {}
+        now = _cell_positions(now_kept, ev, workload, ks, th)
+        then = _cell_positions(then_kept, base_ev, workload, ks, th) if base_pairs else {}
         for row in records:
             k = int(row["position"])
             figures += _position_figures(run.run_id, workload, k, row, labels, now.get(k), then.get(k), base_ids, th)
     return figures
+
+
+def _cell_positions(kept: dict | None, ev: _Events | None, workload: str, ks: list[int], th: Thresholds) -> dict:
+    """A workload's positions from what ``calibrate`` kept, else resampled from the events (empty: neither)."""
+    if kept is not None:
+        return {k: kept.get((workload, k)) for k in ks}
+    if ev is None or not (workload == "*" or (ev.workload == workload).any()):
+        return {}
+    return _Cell(ev, workload, th.n_bootstrap, th.seed).positions(ks, th.binning)
+
+
+class _Kept:
+    """The figures ``calibrate`` kept per run and label kind: a cell's :class:`_Position` without its events."""
+
+    def __init__(self, table: pd.DataFrame, resamples: pd.DataFrame, n_boot: int) -> None:
+        self.table, self.n_boot = table, n_boot
+        self.resamples = {key: part for key, part in resamples.groupby(["run_id", "labels"])} if len(resamples) else {}
+
+    def positions(self, run_id: str, labels: str) -> dict | None:
+        """``(workload, k) -> _Position`` of the run's cells; None when the stored figures cannot serve (a store
+        calibrated before they were kept, or a bootstrap of another size than the thresholds ask)."""
+        rows = self.table[(self.table["run_id"] == run_id) & (self.table["labels"] == labels)]
+        rows = rows[rows["n"] > 0]
+        if rows.empty or not rows["observed_rate_se"].notna().any() or (rows["bootstrap"] != self.n_boot).any():
+            return None
+        reps: dict = {}
+        if self.n_boot:
+            part = self.resamples.get((run_id, labels))
+            if part is None:
+                return None
+            for (w, k), cell in part.groupby(["workload", "position"]):
+                reps[w, int(k)] = {m: cell.sort_values("resample")[m].to_numpy(dtype=np.float64, na_value=np.nan)
+                                   for m in ("ece", "debiased_ece", "brier")}
+            if any(len(r["ece"]) != self.n_boot for r in reps.values()) or len(reps) != len(rows):
+                return None
+        return {(row["workload"], int(row["position"])): _kept_position(row, reps.get((row["workload"],
+                                                                                     int(row["position"])), {}))
+                for row in rows.to_dict("records")}
+
+
+def _kept_position(row: dict, reps: dict) -> "_Position":
+    def num(column: str) -> float:
+        v = row.get(column)
+        return math.nan if v is None or pd.isna(v) else float(v)
+
+    point = {m: num(m) for m in ("ece", "debiased_ece", "brier", "auroc")}
+    point["acceptance"] = num("observed_rate")
+    reps = reps or {m: np.zeros(0) for m in ("ece", "debiased_ece", "brier")}   # no bootstrap: no intervals
+    return _Position(point, dict(reps), (point["acceptance"], num("observed_rate_se")), int(row["n"]), num("auroc_se"))
 
 
 def _position_figures(run_id: str, workload: str, k: int, row: dict, labels: str, c: _Position | None,

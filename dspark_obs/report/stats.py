@@ -15,6 +15,8 @@ import math
 import numpy as np
 from scipy import stats as _st
 
+from dspark_obs.estimators.stats import clustered_mean  # the request-clustered mean's one home
+
 
 __all__ = ["Z95", "two_sided_p", "se_from_ci", "wilson_interval", "poisson_interval", "clustered_mean",
            "difference_ztest", "welch_ttest", "poisson_rate_test", "bootstrap_pvalue", "percentile_interval",
@@ -68,32 +70,6 @@ def poisson_interval(count: int, *, level: float = 0.95) -> tuple[float, float]:
     lo = 0.0 if count == 0 else float(_st.chi2.ppf(alpha / 2, 2 * count) / 2)
     hi = float(_st.chi2.ppf(1 - alpha / 2, 2 * count + 2) / 2)
     return lo, hi
-
-
-def clustered_mean(y: np.ndarray, groups: np.ndarray, *, n_groups: int | None = None) -> tuple[float, float, int]:
-    """Mean of ``y`` and its cluster-robust standard error (clusters = ``groups``); also the cluster count.
-
-    Steps of one request are not independent; the ratio estimator's variance
-    sums the squared cluster residuals, ``G / (G - 1) * sum_g (Y_g - p n_g)^2 / n^2``.
-    ``n_groups``: ``groups`` are already cluster numbers ``0..n_groups-1`` (not
-    relabelled; a number without steps is no cluster).
-
-    >>> m, se, g = clustered_mean(np.array([1., 1, 0, 0]), np.array([0, 0, 1, 1]))
-    >>> m, round(se, 3), g
-    (0.5, 0.5, 2)
-    """
-    y = np.asarray(y, dtype=np.float64)
-    if y.size == 0:
-        return math.nan, math.nan, 0
-    g = np.unique(np.asarray(groups), return_inverse=True)[1] if n_groups is None else np.asarray(groups)
-    n_g = np.bincount(g, minlength=n_groups or 0).astype(np.float64)
-    y_g = np.bincount(g, weights=y, minlength=n_groups or 0)
-    n, clusters = float(y.size), int(np.count_nonzero(n_g))
-    mean = float(y_g.sum() / n)
-    if clusters < 2:
-        return mean, math.nan, clusters
-    var = clusters / (clusters - 1) * float(np.sum((y_g - mean * n_g) ** 2)) / (n * n)
-    return mean, math.sqrt(var), clusters
 
 
 def difference_ztest(value: float, se: float | None, baseline: float, baseline_se: float | None

@@ -110,6 +110,9 @@ CALIBRATION = pa.schema([
     field("log_loss", F64, "log loss (binning-independent)"),
     field("auroc", F64, "area under the ROC curve; null when every label is the same"),
     field("bootstrap", I32, "bootstrap resamples behind the CI (0 = none)"),
+    field("auroc_se", F64, "request-clustered DeLong standard error of auroc, on the steps auroc was computed on "
+                           "(a sample of whole requests in a run of more than 500k steps)"),
+    field("observed_rate_se", F64, "request-clustered standard error of observed_rate"),
 ])
 
 CALIBRATION_BINS = pa.schema([
@@ -123,6 +126,18 @@ CALIBRATION_BINS = pa.schema([
     field("mean_predicted", F64, "mean survival in the bin"),
     field("observed_rate", F64, "mean label in the bin"),
     field("count", I64, "request-steps in the bin", False),
+])
+
+CALIBRATION_RESAMPLES = pa.schema([
+    field("workload", STR, "workload name; '*' = all workloads", False),
+    field("position", I16, "draft position k (1..gamma)", False),
+    field("labels", STR, "observed | reconstructed | companion", False),
+    field("binning", STR, "width15 | width20 | mass15", False),
+    field("resample", I32, "request-level bootstrap resample 0..bootstrap-1 (Poisson weights drawn per rid)",
+          False),
+    field("ece", F64, "ece of the resample (its spread is the CI's SE; the report's drift tests difference them)"),
+    field("debiased_ece", F64, "debiased_ece of the resample"),
+    field("brier", F64, "brier of the resample"),
 ])
 
 RECALIBRATION = pa.schema([
@@ -264,6 +279,7 @@ RESULT_TABLES: dict[str, pa.Schema] = {
     "ceiling_validation": CEILING_VALIDATION,
     "calibration": CALIBRATION,
     "calibration_bins": CALIBRATION_BINS,
+    "calibration_resamples": CALIBRATION_RESAMPLES,
     "recalibration": RECALIBRATION,
     "costmodel_fit": COSTMODEL_FIT,
     "costmodel_error": COSTMODEL_ERROR,

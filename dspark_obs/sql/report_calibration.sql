@@ -9,9 +9,9 @@
 -- Output columns:
 --   run_id, mode, workload, position, labels, label_source, n, n_requests,
 --   mean_predicted, observed_rate, ece, ece_ci_lo, ece_ci_hi, debiased_ece,
---   mce, brier, log_loss, auroc, bootstrap
+--   mce, brier, log_loss, auroc, bootstrap, auroc_se, observed_rate_se
 SELECT run_id, mode, workload, position, labels, label_source, n, n_requests, mean_predicted, observed_rate,
-       ece, ece_ci_lo, ece_ci_hi, debiased_ece, mce, brier, log_loss, auroc, bootstrap
+       ece, ece_ci_lo, ece_ci_hi, debiased_ece, mce, brier, log_loss, auroc, bootstrap, auroc_se, observed_rate_se
 FROM calibration
 WHERE binning = $binning AND ($runs IS NULL OR list_contains($runs, run_id))
 ORDER BY run_id, labels, workload = '*' DESC, workload, position;

@@ -32,16 +32,16 @@ from dspark_obs.estimators.calibration import chunks
 from dspark_obs.estimators.calibration import ray as calibration_ray
 from dspark_obs.estimators.calibration import events
 from dspark_obs.estimators.calibration.events import CalibrationDataError, RunEvents
-from dspark_obs.estimators.calibration.rows import cell_rows
+from dspark_obs.estimators.calibration.resampling import RequestSums, figures_of_sums
+from dspark_obs.estimators.calibration.rows import cell_rows, resample_table_of
 from dspark_obs.estimators.calibration.metrics import (
     BINNINGS,
-    auroc_score,
     binned,
     brier_score_loss,
     log_loss,
     none_if_nan,
     parse_binning,
-    resampled_ece,
+    clustered_auroc,
 )
 from dspark_obs.estimators.chunks import ALL, DEFAULT_CHUNK_ROWS
 from dspark_obs.schema import CALIBRATION, CALIBRATION_BINS
@@ -59,13 +59,15 @@ _fld = schema.field  # a documented column
 
 @dataclass(frozen=True)
 class RunCalibration:
-    """What :func:`calibrate_run` wrote: rows of ``calibration`` and ``calibration_bins``."""
+    """What :func:`calibrate_run` wrote: rows of ``calibration``, ``calibration_bins`` and
+    ``calibration_resamples``."""
 
     run_id: str
     labels: str
     summary: pa.Table
     bins: pa.Table
     notes: tuple[str, ...] = field(default=())
+    resamples: pa.Table | None = None   # calibration_resamples rows (none without --bootstrap)
 
 
 def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binnings, weights, gidx,
@@ -73,16 +75,23 @@ def _position_rows(ev: RunEvents, mask: np.ndarray, k: int, workload: str, binni
     y, p = ev.y[mask, k], ev.survival[mask, k]
     ok = ~np.isnan(y) & ~np.isnan(p)
     y, p, g = y[ok], np.clip(p[ok], 0.0, 1.0), gidx[mask][ok]
+    n_groups = int(gidx[mask].max()) + 1 if mask.any() else 0   # the cell's requests (columns of weights)
     base = {"workload": workload, "position": k + 1, "labels": ev.labels}
     common = {"mode": ev.mode or None, "label_source": ev.label_source, "n": int(y.size),
               "n_requests": int(np.count_nonzero(np.bincount(g))) if g.size else 0,  # distinct groups (g >= 0)
               "bootstrap": n_boot if y.size and n_boot else 0}
     if y.size:
         common.update(mean_predicted=float(p.mean()), observed_rate=float(y.mean()), brier=brier_score_loss(y, p),
-                      log_loss=log_loss(y, p), auroc=none_if_nan(auroc_score(y, p)))
+                      log_loss=log_loss(y, p), **dict(zip(("auroc", "auroc_se"), map(none_if_nan, clustered_auroc(
+                          y, p, g, n_groups=n_groups)))),
+                      observed_rate_se=none_if_nan(bootstrap.clustered_mean(y, g, n_groups=n_groups)[1]))
     bins = {name: binned(y, p, *parse_binning(name)) if y.size else None for name in binnings}
-    return cell_rows(base, common, bins, level=level,
-                     ece_resamples=(lambda _, b: resampled_ece(weights, g, b, p, y)) if n_boot else None)
+
+    def resamples(name: str, b) -> dict:
+        sums = RequestSums(y, p, g, n_groups=n_groups, binning=name, edges=b.edges)
+        return figures_of_sums(weights @ sums.columns(), b.count.size)
+
+    return cell_rows(base, common, bins, level=level, resamples=resamples if n_boot else None)
 
 
 def _check_options(binnings, n_bootstrap, confidence_level) -> None:
@@ -95,14 +104,15 @@ def _check_options(binnings, n_bootstrap, confidence_level) -> None:
 
 
 def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 1000, confidence_level: float = 0.95,
-                     seed: int = 0) -> tuple[pa.Table, pa.Table]:
-    """The ``calibration`` and ``calibration_bins`` rows of one :class:`RunEvents` (pure)."""
+                     seed: int = 0) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """The ``calibration``, ``calibration_bins`` and ``calibration_resamples`` rows of one :class:`RunEvents`
+    (pure)."""
     _check_options(binnings, n_bootstrap, confidence_level)
-    rows, bin_rows = [], []
+    rows, bin_rows, resample_rows = [], [], []
     wl_code, wl_values = _factorize(ev.workload)
     workloads = ["*", *wl_values]
     rid_code, rid_values = _factorize(ev.rid)  # codes in sorted order of the rids
-    keys = bootstrap.unit_keys(rid_values) if n_bootstrap else None
+    keys = bootstrap.run_unit_keys(ev.run_id, rid_values) if n_bootstrap else None
     for i, workload in enumerate(workloads):
         mask = np.ones(len(ev.rid), dtype=bool) if workload == "*" else wl_code == i - 1
         gidx = _dense(rid_code[mask])  # np.unique(ev.rid[mask], return_inverse=True)[1], without sorting strings
@@ -113,12 +123,13 @@ def summarise_events(ev: RunEvents, *, binnings=BINNINGS, n_bootstrap: int = 100
         weights = (bootstrap.poisson_weights(keys[np.unique(rid_code[mask])], n_bootstrap, seed)
                    if n_bootstrap and n_groups else None)
         for k in range(ev.gamma):
-            r, b = _position_rows(ev, mask, k, workload, binnings, weights, full_gidx, confidence_level,
-                                  n_bootstrap if weights is not None else 0)
+            r, b, s = _position_rows(ev, mask, k, workload, binnings, weights, full_gidx, confidence_level,
+                                     n_bootstrap if weights is not None else 0)
             rows += r
             bin_rows += b
+            resample_rows += s
     return (pa.Table.from_pylist(rows, schema=CALIBRATION.remove_metadata()),
-            pa.Table.from_pylist(bin_rows, schema=CALIBRATION_BINS.remove_metadata()))
+            pa.Table.from_pylist(bin_rows, schema=CALIBRATION_BINS.remove_metadata()), resample_table_of(resample_rows))
 
 
 def _factorize(values: np.ndarray) -> tuple[np.ndarray, list]:
@@ -217,11 +228,12 @@ def calibrate_kinds(con_or_store, run_id: str, kinds, *, companion: str | None =
                 tables.update(_tables(con, run_id, {kind: plans[kind]}, out, **options))
             except CalibrationDataError as exc:
                 out[kind] = exc
-    for kind, (summary, bins, notes) in tables.items():
+    for kind, (summary, bins, resamples, notes) in tables.items():
         if write:
-            for table, rows in (("calibration", summary), ("calibration_bins", bins)):
+            for table, rows in (("calibration", summary), ("calibration_bins", bins),
+                                ("calibration_resamples", resamples)):
                 _replace_labels(store, table, run_id, kind, rows)
-        out[kind] = RunCalibration(run_id, kind, summary, bins, notes)
+        out[kind] = RunCalibration(run_id, kind, summary, bins, notes, resamples)
     return {kind: out[kind] for kind in kinds}
 
 
@@ -252,9 +264,9 @@ def _one_pass(con, reads, *, binnings, n_bootstrap, confidence_level, seed, prog
         except CalibrationDataError as exc:
             errors[kind] = exc
             continue
-        summary, bins = summarise_events(ev, binnings=binnings, n_bootstrap=n_bootstrap,
-                                         confidence_level=confidence_level, seed=seed)
-        tables[kind] = (summary, bins, events.notes_of(kind, p.mode, p.params.get("method"), counts))
+        summary, bins, resamples = summarise_events(ev, binnings=binnings, n_bootstrap=n_bootstrap,
+                                                    confidence_level=confidence_level, seed=seed)
+        tables[kind] = (summary, bins, resamples, events.notes_of(kind, p.mode, p.params.get("method"), counts))
         if progress is not None:
             progress(len(ev.rid), len(ev.rid))
     return tables

@@ -33,7 +33,8 @@ import pyarrow as pa
 from dspark_obs import schema
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration import events, metrics
-from dspark_obs.estimators.calibration.rows import cell_rows
+from dspark_obs.estimators.calibration.resampling import figures_of_sums
+from dspark_obs.estimators.calibration.rows import cell_rows, resample_table_of
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
 
 __all__ = ["RunPlan", "RunReads", "run_steps", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells",
@@ -163,28 +164,29 @@ class _Cell:
     y_sum: float = 0.0
     sq_sum: float = 0.0
     log_sum: float = 0.0
+    clustered: np.ndarray = field(default_factory=lambda: np.zeros(3))  # sums over requests of Y^2, Y N, N^2
     edges: dict = field(default_factory=dict)  # binning -> bin edges
     bins: dict = field(default_factory=dict)   # binning -> [count, pred_sum, true_sum]
-    boot: dict = field(default_factory=dict)   # binning -> [W@(psum - ysum), W@count]
+    boot: dict = field(default_factory=dict)   # binning -> W @ per-request sums (RequestSums.columns)
 
     def __add__(self, other: "_Cell") -> "_Cell":
         """The cell of two disjoint sets of whole requests (the same bin edges)."""
         out = _Cell(self.n + other.n, self.n_requests + other.n_requests, self.p_sum + other.p_sum,
                     self.y_sum + other.y_sum, self.sq_sum + other.sq_sum, self.log_sum + other.log_sum,
-                    {**other.edges, **self.edges})
+                    self.clustered + other.clustered, {**other.edges, **self.edges})
         for name in {*self.bins, *other.bins}:
             a, b = self.bins.get(name), other.bins.get(name)
             out.bins[name] = [x + y for x, y in zip(a, b)] if a and b else list(a or b)
         for name in {*self.boot, *other.boot}:
             a, b = self.boot.get(name), other.boot.get(name)
-            out.boot[name] = [x + y for x, y in zip(a, b)] if a and b else list(a or b)
+            out.boot[name] = a + b if a is not None and b is not None else (a if a is not None else b)
         return out
 
 
 def summarise_in_chunks(con, reads: RunReads, *, binnings, n_bootstrap: int, confidence_level: float, seed: int,
                         sample_rows: int = DEFAULT_SAMPLE_ROWS, progress: Callable[[int, int], None] | None = None,
                         accumulate: Callable | None = None) -> dict[str, tuple[pa.Table, pa.Table, tuple]]:
-    """``kind -> (calibration rows, calibration_bins rows, notes)`` of every kind ``reads`` plans, a chunk of
+    """``kind -> (calibration rows, calibration_bins rows, calibration_resamples rows, notes)`` of every kind ``reads`` plans, a chunk of
     requests at a time, every chunk read once for all of them.
 
     ``accumulate`` (e.g. :func:`~dspark_obs.estimators.calibration.ray.accumulate`
@@ -218,19 +220,21 @@ def summarise_in_chunks(con, reads: RunReads, *, binnings, n_bootstrap: int, con
 def _tables(con, run_id: str, labels: str, plan: RunPlan, sample: "SampleEdges", cells: dict, counts: dict, *,
             binnings, confidence_level: float, n_bootstrap: int) -> tuple[pa.Table, pa.Table, tuple]:
     counts["total"] = plan.total or events.check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
-    rows, bin_rows = [], []
+    rows, bin_rows, resample_rows = [], [], []
     names = sorted({w for w, _ in cells} - {"*"})
     for w in ["*", *names]:
         for k in range(sample.gamma):
             cell = cells.get((w, k), _Cell())
-            y, p = sample.labelled.get((w, k), (np.zeros(0), np.zeros(0)))
-            auroc = metrics.none_if_nan(metrics.auroc_score(y, p)) if y.size else None
-            r, b = _rows(cell, auroc, w, k, labels, plan, binnings, confidence_level, n_bootstrap)
+            y, p, g = sample.labelled.get((w, k), (np.zeros(0), np.zeros(0), np.zeros(0, np.int64)))
+            auroc = tuple(map(metrics.none_if_nan, metrics.clustered_auroc(y, p, g))) if y.size else (None, None)
+            r, b, s = _rows(cell, auroc, w, k, labels, plan, binnings, confidence_level, n_bootstrap)
             rows += r
             bin_rows += b
+            resample_rows += s
     notes = events.notes_of(labels, plan.mode, plan.params.get("method"), counts)
     return (pa.Table.from_pylist(rows, schema=schema.CALIBRATION.remove_metadata()),
-            pa.Table.from_pylist(bin_rows, schema=schema.CALIBRATION_BINS.remove_metadata()), notes)
+            pa.Table.from_pylist(bin_rows, schema=schema.CALIBRATION_BINS.remove_metadata()),
+            resample_table_of(resample_rows), notes)
 
 
 @dataclass
@@ -238,7 +242,7 @@ class SampleEdges:
     """What needs every step at once, from a sample of whole requests: AUROC's pairs and bin edges."""
 
     gamma: int
-    labelled: dict             # (workload, k) -> (y, p) of the sample, for AUROC (stays with the driver)
+    labelled: dict             # (workload, k) -> (y, p, request) of the sample, for AUROC (stays with the driver)
     edges: "BinEdges"
 
     @classmethod
@@ -259,12 +263,13 @@ class SampleEdges:
     @classmethod
     def of_events(cls, sample: events.RunEvents, specs: dict) -> "SampleEdges":
         labelled: dict = {}
+        _, unit = _local_units(sample.rid)
         for w, mask in _groups(sample.workload):
             for k in range(sample.gamma):
                 y, p = sample.y[mask, k], sample.survival[mask, k]
                 ok = ~np.isnan(y) & ~np.isnan(p)
-                labelled[w, k] = (y[ok], np.clip(p[ok], 0.0, 1.0))
-        edges = {(w, k, name): _edges_of(p, specs[name]) for (w, k), (_, p) in labelled.items() for name in specs}
+                labelled[w, k] = (y[ok], np.clip(p[ok], 0.0, 1.0), unit[mask][ok])
+        edges = {(w, k, name): _edges_of(p, specs[name]) for (w, k), (_, p, _) in labelled.items() for name in specs}
         return cls(sample.gamma, labelled, BinEdges(edges, specs))
 
 
@@ -321,7 +326,7 @@ def _add_events(kinds: list[tuple[dict, events.RunEvents, BinEdges]], specs: dic
     each request's weights are drawn once, and each workload's sums of every kind reweighted in one product."""
     ev0 = kinds[0][1]
     units, unit = _local_units(ev0.rid)   # each unit's weights are drawn once, whatever groups it is in
-    drawn = (bootstrap.poisson_weights(bootstrap.unit_keys(units), n_bootstrap, seed)
+    drawn = (bootstrap.poisson_weights(bootstrap.run_unit_keys(ev0.run_id, units), n_bootstrap, seed)
              if n_bootstrap else None)
     for w, mask in _groups(ev0.workload):
         rows = np.flatnonzero(mask)
@@ -338,18 +343,17 @@ def _add_events(kinds: list[tuple[dict, events.RunEvents, BinEdges]], specs: dic
 
 
 def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
-    """``acc[j] += weights @ part`` for each ``acc`` of ``accs`` of each ``(accs, j, part)`` of ``pending``,
+    """``acc[key] += weights @ part`` for each ``acc`` of ``accs`` of each ``(accs, key, part)`` of ``pending``,
     as one matrix product."""
     if weights is None or not pending:
         return
-    product = weights @ np.concatenate([part.reshape(part.shape[0], -1) for _, _, part in pending], axis=1)
+    product = weights @ np.concatenate([part for _, _, part in pending], axis=1)
     at = 0
-    for accs, j, part in pending:
-        width = part.reshape(part.shape[0], -1).shape[1]
-        block = product[:, at:at + width].reshape((weights.shape[0], *part.shape[1:]))
+    for accs, key, part in pending:
+        block = product[:, at:at + part.shape[1]]
         for acc in accs:
-            acc[j] = acc[j] + block
-        at += width
+            acc[key] = acc[key] + block if key in acc else block.copy()
+        at += part.shape[1]
 
 
 def merge_cells(parts: list[dict]) -> dict[str, tuple[dict, dict]]:
@@ -391,8 +395,13 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
     y, p, g = y[ok], np.clip(p[ok], 0.0, 1.0), g[ok]
     if not y.size:
         return
+    n_g = np.bincount(g, minlength=n_units).astype(np.float64)
+    y_g = np.bincount(g, weights=y, minlength=n_units)
     cell.n += int(y.size)
-    cell.n_requests += int(np.count_nonzero(np.bincount(g, minlength=n_units)))
+    cell.n_requests += int(np.count_nonzero(n_g))
+    cell.clustered = cell.clustered + [float(y_g @ y_g), float(y_g @ n_g), float(n_g @ n_g)]
+    steps = None if weights is None else np.column_stack(   # per request: steps, squared errors, labels
+        [n_g, np.bincount(g, weights=(p - y) ** 2, minlength=n_units), y_g])
     cell.p_sum += float(p.sum())
     cell.y_sum += float(y.sum())
     cell.sq_sum += float(np.sum((p - y) ** 2))
@@ -407,29 +416,22 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
         if weights is None or (shared and every is None):   # the all-workloads cell: from its workloads'
             continue
         count, psum, ysum = metrics.request_bins(g, b.ids, pc, y, n_units, n_bins)
-        per = [psum - ysum, count.sum(axis=1)]   # the ECE needs only each bin's p - y sum
-        targets = [cell.boot.setdefault(name, [0.0, 0.0])]
-        if shared and every is not None:
-            targets.append(every.boot.setdefault(name, [0.0, 0.0]))
-        boot_parts += [(targets, j, part) for j, part in enumerate(per)]
+        per = np.hstack([count, psum, ysum, steps])   # RequestSums.columns' layout
+        targets = [cell.boot] if not (shared and every is not None) else [cell.boot, every.boot]
+        boot_parts.append((targets, name, per))
 
 
-def _rows(cell: _Cell, auroc, workload: str, k: int, labels: str, plan: RunPlan, binnings, level: float,
-          n_boot: int) -> tuple[list[dict], list[dict]]:
+def _rows(cell: _Cell, auroc: tuple, workload: str, k: int, labels: str, plan: RunPlan, binnings, level: float,
+          n_boot: int) -> tuple[list[dict], list[dict], list[pa.Table]]:
     base = {"workload": workload, "position": k + 1, "labels": labels}
     common = {"mode": plan.mode or None, "label_source": plan.source, "n": cell.n, "n_requests": cell.n_requests,
               "bootstrap": n_boot if cell.n and n_boot else 0}
     if cell.n:
+        _, rate_se = bootstrap.clustered_mean_of_sums(cell.n, cell.y_sum, cell.clustered, cell.n_requests)
         common.update(mean_predicted=cell.p_sum / cell.n, observed_rate=cell.y_sum / cell.n,
-                      brier=cell.sq_sum / cell.n, log_loss=-cell.log_sum / cell.n, auroc=auroc)
+                      brier=cell.sq_sum / cell.n, log_loss=-cell.log_sum / cell.n, auroc=auroc[0], auroc_se=auroc[1],
+                      observed_rate_se=metrics.none_if_nan(rate_se))
     bins = {name: metrics.Bins(cell.edges[name], np.zeros(0, np.int64), *cell.bins[name]) if cell.n else None
             for name in binnings}
     return cell_rows(base, common, bins, level=level,
-                     ece_resamples=(lambda name, _: _resampled_ece(cell.boot[name])) if n_boot else None)
-
-
-def _resampled_ece(boot: list) -> np.ndarray:
-    """ECE of each resample from the accumulated ``[W @ (pred sums - label sums), W @ counts]``."""
-    gap, wn = boot
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return metrics.ece_from_sums(wn[:, None], gap, 0.0)
+                     resamples=(lambda name, b: figures_of_sums(cell.boot[name], b.count.size)) if n_boot else None)

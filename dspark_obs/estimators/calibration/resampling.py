@@ -32,7 +32,7 @@ from dspark_obs.estimators.calibration.metrics import (EPS_PROB, auroc_from_leve
 from dspark_obs.estimators.stats import group_weights
 
 __all__ = ["METRICS", "AUROC_LEVELS", "RequestSums", "calibration_replicates", "resampled_metrics", "resampled_sums",
-           "resampled_together", "ResampleWeights"]
+           "resampled_together", "ResampleWeights", "figures_of_sums"]
 
 METRICS = ("ece", "debiased_ece", "brier", "auroc", "acceptance")
 AUROC_LEVELS = 4096
@@ -51,7 +51,7 @@ class RequestSums:
     """
 
     def __init__(self, y_true, y_prob, groups, *, n_groups: int, binning: str = "width15",
-                 auroc_levels: int | None = None) -> None:
+                 auroc_levels: int | None = None, edges: np.ndarray | None = None) -> None:
         y = np.asarray(y_true, dtype=np.float64)
         p_raw = np.clip(np.asarray(y_prob, dtype=np.float64), 0.0, 1.0)
         g = np.asarray(groups, dtype=np.int64)
@@ -64,7 +64,9 @@ class RequestSums:
         self.n_groups = n_groups
         n_bins, strategy = parse_binning(binning)
         p = np.clip(p_raw, EPS_PROB, 1.0 - EPS_PROB)
-        ids = bin_ids(p, bin_edges(p, n_bins, strategy), strategy) if y.size else np.zeros(0, np.int64)
+        if edges is None:   # the sample's own edges (equal-mass bins: a part of a run passes the run's)
+            edges = bin_edges(p, n_bins, strategy)
+        ids = bin_ids(p, edges, strategy) if y.size else np.zeros(0, np.int64)
         self.count, self.psum, self.ysum = request_bins(g, ids, p, y, n_groups, n_bins)
         self.n_g = np.bincount(g, minlength=n_groups).astype(np.float64)
         self.y_g = np.bincount(g, weights=y, minlength=n_groups)
@@ -119,13 +121,7 @@ class RequestSums:
 
     def metrics_of(self, resampled: np.ndarray) -> dict[str, np.ndarray]:
         """All metrics but AUROC from ``weights @ self.columns()`` (one row per resample)."""
-        bins = self.count.shape[1]
-        count, psum, ysum = resampled[:, :bins], resampled[:, bins:2 * bins], resampled[:, 2 * bins:3 * bins]
-        n, sq, ys = resampled[:, 3 * bins], resampled[:, 3 * bins + 1], resampled[:, 3 * bins + 2]
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return {"ece": ece_from_sums(count, psum, ysum),
-                    "debiased_ece": np.sum(debiased_terms(count, psum, ysum), axis=1) / count.sum(axis=1),
-                    "brier": sq / n, "acceptance": ys / n}
+        return figures_of_sums(resampled, self.count.shape[1])
 
     def _auroc(self, w: np.ndarray) -> np.ndarray:
         n_levels, pos_t, neg_t = self._ranked()
@@ -224,6 +220,18 @@ def resampled_together(many: list[RequestSums], weights: ResampleWeights) -> lis
         got = [s.metrics_of(part[:, lo:hi]) for part in parts]
         out.append({m: np.concatenate([g[m] for g in got]) if got else np.zeros(0) for m in METRICS if m != "auroc"})
     return out
+
+
+def figures_of_sums(resampled: np.ndarray, bins: int) -> dict[str, np.ndarray]:
+    """ECE, debiased ECE, Brier and acceptance of each row of summed statistics laid out as
+    :meth:`RequestSums.columns` (``[count, pred sums, label sums]`` per bin, then steps, squared errors, labels):
+    a resample's figures, whoever summed them (one pass, or chunks of requests)."""
+    count, psum, ysum = resampled[:, :bins], resampled[:, bins:2 * bins], resampled[:, 2 * bins:3 * bins]
+    n, sq, ys = resampled[:, 3 * bins], resampled[:, 3 * bins + 1], resampled[:, 3 * bins + 2]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return {"ece": ece_from_sums(count, psum, ysum),
+                "debiased_ece": np.sum(debiased_terms(count, psum, ysum), axis=1) / count.sum(axis=1),
+                "brier": sq / n, "acceptance": ys / n}
 
 
 def _rounded_levels(p_raw: np.ndarray, auroc_levels: int) -> np.ndarray:
