@@ -7,9 +7,10 @@ estimator reads them: :mod:`~dspark_obs.estimators.chunks`) add up to the run's 
 * counts, mean prediction and label, Brier score, log loss, and per bin the
   count and the sums of predictions and labels (hence ECE, MCE, debiased ECE and
   the reliability bins) — equal to one pass up to the order of float additions;
-* the request-level bootstrap of the ECE — each resample's per-bin sums are
+* the request-level bootstrap of the ECE, debiased ECE and Brier score (kept as
+  ``calibration_resamples`` for the report) — each resample's per-bin sums are
   ``weights @ per-request sums``, accumulated chunk by chunk with the very
-  Poisson weights one pass draws (drawn per request from its rid:
+  Poisson weights one pass draws (drawn per request from its run and rid:
   :mod:`~dspark_obs.estimators.stats`), so chunks, and shards of requests on other machines
   (``--engine ray``: :func:`accumulate_chunks` per shard, :func:`merge_cells`),
   add up to the one-pass sums.
@@ -185,9 +186,9 @@ class _Cell:
 
 def summarise_in_chunks(con, reads: RunReads, *, binnings, n_bootstrap: int, confidence_level: float, seed: int,
                         sample_rows: int = DEFAULT_SAMPLE_ROWS, progress: Callable[[int, int], None] | None = None,
-                        accumulate: Callable | None = None) -> dict[str, tuple[pa.Table, pa.Table, tuple]]:
-    """``kind -> (calibration rows, calibration_bins rows, calibration_resamples rows, notes)`` of every kind ``reads`` plans, a chunk of
-    requests at a time, every chunk read once for all of them.
+                        accumulate: Callable | None = None) -> dict[str, tuple[pa.Table, pa.Table, pa.Table, tuple]]:
+    """``kind -> (calibration rows, calibration_bins rows, calibration_resamples rows, notes)`` of every kind
+    ``reads`` plans, a chunk of requests at a time, every chunk read once for all of them.
 
     ``accumulate`` (e.g. :func:`~dspark_obs.estimators.calibration.ray.accumulate`
     bound to an engine) sums the run's chunks elsewhere, taking the arguments of
@@ -218,7 +219,7 @@ def summarise_in_chunks(con, reads: RunReads, *, binnings, n_bootstrap: int, con
 
 
 def _tables(con, run_id: str, labels: str, plan: RunPlan, sample: "SampleEdges", cells: dict, counts: dict, *,
-            binnings, confidence_level: float, n_bootstrap: int) -> tuple[pa.Table, pa.Table, tuple]:
+            binnings, confidence_level: float, n_bootstrap: int) -> tuple[pa.Table, pa.Table, pa.Table, tuple]:
     counts["total"] = plan.total or events.check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
     rows, bin_rows, resample_rows = [], [], []
     names = sorted({w for w, _ in cells} - {"*"})

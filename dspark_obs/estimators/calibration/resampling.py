@@ -64,7 +64,7 @@ class RequestSums:
         self.n_groups = n_groups
         n_bins, strategy = parse_binning(binning)
         p = np.clip(p_raw, EPS_PROB, 1.0 - EPS_PROB)
-        if edges is None:   # the sample's own edges (equal-mass bins: a part of a run passes the run's)
+        if edges is None:   # the sample's own edges, else those its caller binned it by (equal-mass bins)
             edges = bin_edges(p, n_bins, strategy)
         ids = bin_ids(p, edges, strategy) if y.size else np.zeros(0, np.int64)
         self.count, self.psum, self.ysum = request_bins(g, ids, p, y, n_groups, n_bins)
