@@ -41,6 +41,7 @@ from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators.calibration import metrics as cal_metrics
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration.resampling import RequestSums, ResampleWeights, resampled_together
+from dspark_obs.estimators.calibration.rows import RESAMPLED
 from dspark_obs.report.inputs import RunInfo
 from dspark_obs.report.model import Drift, Figure
 from dspark_obs.report.stats import Z95, clustered_mean, difference_ztest, two_sided_p
@@ -323,9 +324,8 @@ class _Kept:
             part = self.resamples.get((run_id, labels))
             if part is None:
                 return None
-            for (w, k), cell in part.groupby(["workload", "position"]):
-                reps[w, int(k)] = {m: cell.sort_values("resample")[m].to_numpy(dtype=np.float64, na_value=np.nan)
-                                   for m in ("ece", "debiased_ece", "brier")}
+            for (w, k), cell in part.groupby(["workload", "position"]):   # rows in resample order (the query's)
+                reps[w, int(k)] = {m: cell[m].to_numpy(dtype=np.float64, na_value=np.nan) for m in RESAMPLED}
             if any(len(r["ece"]) != self.n_boot for r in reps.values()) or len(reps) != len(rows):
                 return None
         return {(row["workload"], int(row["position"])): _kept_position(row, reps.get((row["workload"],
@@ -340,7 +340,7 @@ def _kept_position(row: dict, reps: dict) -> "_Position":
 
     point = {m: num(m) for m in ("ece", "debiased_ece", "brier", "auroc")}
     point["acceptance"] = num("observed_rate")
-    reps = reps or {m: np.zeros(0) for m in ("ece", "debiased_ece", "brier")}   # no bootstrap: no intervals
+    reps = reps or {m: np.zeros(0) for m in RESAMPLED}   # no bootstrap: no intervals
     return _Position(point, dict(reps), (point["acceptance"], num("observed_rate_se")), int(row["n"]), num("auroc_se"))
 
 
