@@ -13,6 +13,7 @@ from __future__ import annotations
 import typer
 
 from dspark_obs import __version__
+from dspark_obs.allocation import tune_for_chunked_arrays
 from dspark_obs.console import install_click_errors
 
 app = typer.Typer(
@@ -34,6 +35,7 @@ def _version(value: bool) -> None:
 def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                        help="Print the version and exit.")) -> None:
     """dspark-obs."""
+    tune_for_chunked_arrays()  # before any command imports numpy: see dspark_obs.allocation
 
 
 def _register_commands() -> None:

@@ -1,0 +1,60 @@
+"""Allocator settings for what the commands do: many large numpy arrays, each living for one chunk.
+
+A quarter of ``dspark-obs estimate``'s and ``calibrate``'s CPU time was system time, spent faulting
+fresh memory in (1M-row store: 3.0–4.5 of 13–19 CPU s; 22.5 of 94.5 at 10M). Two defaults cause it:
+
+* numpy asks for transparent huge pages on every array of 4 MB or more (``madvise(MADV_HUGEPAGE)``);
+  where the kernel's THP ``defrag`` setting is ``madvise`` (a common default) each such first touch
+  may compact memory synchronously to find a 2 MB page;
+* glibc serves each allocation above its mmap threshold (dynamic, 128 kB up to 32 MB) by a fresh
+  ``mmap`` and unmaps it on free, so every chunk's arrays fault in anew (13.7k ``mmap`` and 12.8k
+  ``munmap`` calls in one 1M-row ``estimate``).
+
+:func:`tune_for_chunked_arrays` turns both off for the command's process and the processes it
+starts: ``NUMPY_MADVISE_HUGEPAGE=0`` (numpy reads it when it is imported, so this runs first),
+glibc's ``M_MMAP_THRESHOLD`` at its 32 MB maximum and ``M_TRIM_THRESHOLD`` at 256 MB, by
+``mallopt`` here and as ``MALLOC_*_`` variables for spawned children (forked ones inherit the
+settings). Freed chunk memory then stays in the heap for the next chunk. A value the user set in
+the environment is left as it is. ``bench/RESULTS.md`` has the before/after figures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+
+__all__ = ["tune_for_chunked_arrays", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+
+MMAP_THRESHOLD = 32 * 1024 * 1024    # glibc's largest: arrays of a chunk (150k x gamma float64 = 7 MB) fit below
+TRIM_THRESHOLD = 256 * 1024 * 1024   # free heap kept for the next chunk before it is given back
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's malloc.h
+
+
+def tune_for_chunked_arrays(environ=os.environ) -> dict[str, bool]:
+    """Apply the settings above to this process and its future children; say which took effect here.
+
+    ``numpy_hugepage_off`` is False when numpy was imported before (its setting is then fixed for
+    this process; children still get it); ``malloc`` is False off glibc or where the user set the
+    variables.
+    """
+    numpy_off = "NUMPY_MADVISE_HUGEPAGE" not in environ and "numpy" not in sys.modules
+    environ.setdefault("NUMPY_MADVISE_HUGEPAGE", "0")
+    user_malloc = "MALLOC_MMAP_THRESHOLD_" in environ or "MALLOC_TRIM_THRESHOLD_" in environ
+    applied = False
+    if not user_malloc:
+        environ["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
+        environ["MALLOC_TRIM_THRESHOLD_"] = str(TRIM_THRESHOLD)
+        applied = _mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and _mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
+    return {"numpy_hugepage_off": numpy_off, "malloc": applied}
+
+
+def _mallopt(param: int, value: int) -> bool:
+    """glibc's ``mallopt``; False where there is none (musl, macOS, Windows)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        mallopt = ctypes.CDLL(None).mallopt   # the process's own symbols: glibc's, where it is linked
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(ctypes.c_int(param), ctypes.c_int(value)))

@@ -1,0 +1,64 @@
+"""The commands' allocator settings: numpy's huge-page advice off, freed chunk memory reused, the user's choice kept."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dspark_obs.allocation import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_for_chunked_arrays
+
+# A child that tunes (or not), then allocates and frees an 8 MB array ten times: the page faults it took.
+_CHILD = """
+import os, resource, sys
+if sys.argv[1] == "tuned":
+    from dspark_obs.allocation import tune_for_chunked_arrays
+    tune_for_chunked_arrays()
+import numpy as np
+from numpy._core import multiarray
+a = np.ones(1 << 20)   # 8 MB, once, so both sides start warm
+del a
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    a = np.ones(1 << 20)
+    del a
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before, multiarray._get_madvise_hugepage())
+"""
+
+
+def _child(mode: str) -> tuple[int, bool]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "NUMPY_MADVISE"))}
+    out = subprocess.run([sys.executable, "-c", _CHILD, mode], env=env, capture_output=True, text=True, check=True)
+    faults, hugepage = out.stdout.split()
+    return int(faults), hugepage == "True"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt and numpy's madvise are Linux's")
+def test_freed_arrays_are_reused_without_faulting_in_again():
+    plain_faults, plain_hugepage = _child("plain")
+    tuned_faults, tuned_hugepage = _child("tuned")
+    assert plain_hugepage and not tuned_hugepage
+    # default glibc: each 8 MB array is a fresh mmap, faulted in anew (4 huge pages, or 2048 small ones, each time)
+    assert plain_faults >= 10 * 4
+    assert tuned_faults < 10   # the freed array's heap memory, already faulted in, serves the next
+
+
+def test_sets_the_variables_children_read():
+    env: dict[str, str] = {}
+    tune_for_chunked_arrays(env)
+    assert env == {"NUMPY_MADVISE_HUGEPAGE": "0", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
+                   "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD)}
+
+
+def test_a_users_setting_wins():
+    env = {"NUMPY_MADVISE_HUGEPAGE": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    applied = tune_for_chunked_arrays(env)
+    assert env == {"NUMPY_MADVISE_HUGEPAGE": "1", "MALLOC_MMAP_THRESHOLD_": "65536"}
+    assert applied == {"numpy_hugepage_off": False, "malloc": False}
+
+
+def test_says_numpy_was_imported_too_early():
+    assert "numpy" in sys.modules   # pytest's process: numpy is in already
+    assert tune_for_chunked_arrays({})["numpy_hugepage_off"] is False
