@@ -81,29 +81,37 @@ def _figures(out: str) -> list[dict]:
                   key=lambda f: tuple(str(f[k]) for k in ("metric", "workload", "position")))
 
 
-def run(*, rows: int, workdir: str, baseline: str, repeat: int = 3, report: bool = True, jobs: int | None = None) -> dict:
+def run(*, rows: int, workdir: str, baseline: str, repeat: int = 3, report: bool = True, jobs: int | None = None,
+        baseline_store: str | None = None) -> dict:
+    """``baseline_store``: the baseline reads this store, one its own writer made (the same data in the layout
+    it writes; estimated by the baseline when it has no ceiling), so a change of layout is timed as users get
+    it; default: both read ``workdir``'s store."""
     root = os.path.join(workdir, f"store-{rows}")
     if not (Path(root) / "step_reqs").is_dir():
         info = run_child("bench.estimate:generate_store", timeout=3600, root=root, rows=rows)
         if "error" in info:
             return {"calibrate.error": f"generating the store: {info['error']}"}
     n = _rows(root)
-    if not (Path(root) / "ceiling").is_dir():
-        cmd, env = _cli(str(ROOT))
-        r = run_process(cmd + ["estimate", "--data", root, "--run", "bench", "--bootstrap", "0"], repeat=1,
-                        env=env, timeout=7200)
-        if "error" in r:
-            return {"calibrate.error": f"estimate: {r['error']}"}
     sides = {"ours": str(ROOT), "baseline": str(Path(baseline).resolve())}
+    roots = {"ours": root, "baseline": baseline_store or root}
+    if _rows(roots["baseline"]) != n:
+        return {"calibrate.error": f"the baseline's store {roots['baseline']} holds other data than {root}"}
     extra = [] if jobs is None else ["--jobs", str(jobs)]
-    commands = {"calibrate": lambda side: ["calibrate", "--data", root, "--run", "bench", "--labels", "all", *extra]}
+    commands = {"calibrate": lambda side: ["calibrate", "--data", roots[side], "--run", "bench", "--labels", "all",
+                                           *extra]}
     if report:
-        commands["report"] = lambda side: ["report", "--data", root, "--run", "bench", "--no-png", "--no-history",
-                                           "--out", os.path.join(workdir, f"report-{side}"), *extra]
-    if report:   # the report runs the stages a store lacks (the cost model): once, untimed, so both sides find them
-        cmd, env = _cli(str(ROOT))
-        run_process(cmd + commands["report"]("warmup"), repeat=1, env=env, timeout=7200)
-    res: dict = {"calibrate.rows": n, "calibrate.machine": machine()}
+        commands["report"] = lambda side: ["report", "--data", roots[side], "--run", "bench", "--no-png",
+                                           "--no-history", "--out", os.path.join(workdir, f"report-{side}"), *extra]
+    for side in dict.fromkeys(sides if baseline_store else ["ours"]):
+        cmd, env = _cli(sides[side])
+        if not (Path(roots[side]) / "ceiling").is_dir():
+            r = run_process(cmd + ["estimate", "--data", roots[side], "--run", "bench", "--bootstrap", "0"],
+                            repeat=1, env=env, timeout=7200)
+            if "error" in r:
+                return {"calibrate.error": f"estimate ({side}): {r['error']}"}
+        if report:   # the report runs the stages a store lacks (the cost model): once, untimed, so both sides find them
+            run_process(cmd + commands["report"](side), repeat=1, env=env, timeout=7200)
+    res: dict = {"calibrate.rows": n, "calibrate.machine": machine(), "calibrate.stores": roots}
     times: dict = {(c, s): {"cpu": [], "wall": []} for c in commands for s in sides}
     outputs: dict = {}
     for i in range(repeat):
@@ -120,7 +128,7 @@ def run(*, rows: int, workdir: str, baseline: str, repeat: int = 3, report: bool
                 print(f"  {command:9s} {side:8s} run {i + 1}: {r['cpu'][0]:7.2f} CPU s  {r['wall'][0]:7.2f} wall s  "
                       f"peak {r['peak_rss_mb']:6.0f} MB  load {load:.2f}", flush=True)
                 if command == "calibrate" and side not in outputs:
-                    outputs[side] = {t: _table(root, t) for t in ("calibration", "calibration_bins")}
+                    outputs[side] = {t: _table(roots[side], t) for t in ("calibration", "calibration_bins")}
                 if command == "report" and f"report-{side}" not in outputs:
                     outputs[f"report-{side}"] = _figures(os.path.join(workdir, f"report-{side}"))
     for (command, side), t in times.items():
@@ -150,13 +158,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--workdir", required=True, help="keeps the store between runs")
     ap.add_argument("--baseline", required=True, help="a checkout of the baseline code (e.g. a worktree at main)")
+    ap.add_argument("--baseline-store", help="the store the baseline reads, written by its own tree "
+                    "(`cd TREE && python -m bench.gen_store S --rows N`); default: the workdir's")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--jobs", type=int, help="--jobs for both commands (default: theirs, all cores)")
     ap.add_argument("--no-report", action="store_true")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     res = run(rows=args.rows, workdir=args.workdir, baseline=args.baseline, repeat=args.repeat,
-              report=not args.no_report, jobs=args.jobs)
+              report=not args.no_report, jobs=args.jobs, baseline_store=args.baseline_store)
     print(json.dumps(res, indent=1, sort_keys=True))
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, sort_keys=True))

@@ -255,22 +255,29 @@ def _ceiling_columns(root: str) -> dict:
     return {c: pc.fill_null(table.column(c), float("nan")).to_numpy() for c in ("lo", "mid", "hi")}
 
 
-def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1, 2)) -> dict:
-    """Both codes' ``estimate`` on ``root``, interleaved (the order flips each round); medians per code and jobs."""
+def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1, 2),
+                 baseline_root: str | None = None) -> dict:
+    """Both codes' ``estimate`` on ``root``, interleaved (the order flips each round); medians per code and jobs.
+
+    ``baseline_root``: the baseline reads this store instead, one its own writer made (the same data in
+    the layout it writes), so a change of layout is timed as users get it: writer and reader together."""
     import statistics
 
     trees = {"before": str(Path(baseline).resolve()), "after": str(ROOT)}
+    roots = {"before": baseline_root or root, "after": root}
     runs: dict = {(name, j): [] for name in trees for j in jobs}
     columns = {}
     for i in range(repeat):
         for name in (("before", "after") if i % 2 == 0 else ("after", "before")):
             for j in jobs:
-                runs[(name, j)].append(_estimate_once(trees[name], root, j))
+                runs[(name, j)].append(_estimate_once(trees[name], roots[name], j))
                 print(f"  round {i + 1} {name} --jobs {j}: {runs[(name, j)][-1]}", flush=True)
             if i == repeat - 1 or i == repeat - 2:
-                columns[name] = _ceiling_columns(root)
+                columns[name] = _ceiling_columns(roots[name])
     rows = _store_rows(root)
-    out = {"rows": rows, "repeat": repeat}
+    if _store_rows(roots["before"]) != rows:
+        raise ValueError(f"the baseline's store {roots['before']} holds other data than {root}")
+    out = {"rows": rows, "repeat": repeat, "stores": roots}
     for (name, j), rs in runs.items():
         cpu = statistics.median(r["cpu"] for r in rs)
         wall = statistics.median(r["wall"] for r in rs)
@@ -303,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", required=True, help="a source tree of the code to compare with (e.g. main's)")
     ap.add_argument("--rows", type=int, default=1_000_000, help="request-step rows of the generated store")
     ap.add_argument("--store", help="use (or generate once into) this store; default: a temporary one")
+    ap.add_argument("--baseline-store", help="the store the baseline reads, written by its own tree "
+                    "(`cd TREE && python -m bench.gen_store S --rows N`); default: --store")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--jobs", default="1,2", help="the --jobs values to time, comma-separated")
     args = ap.parse_args(argv)
@@ -314,7 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in info:
             raise SystemExit(f"generating the store: {info['error']}")
     print(f"machine: {machine()}", flush=True)
-    res = before_after(root, args.baseline, repeat=args.repeat, jobs=tuple(int(j) for j in args.jobs.split(",")))
+    res = before_after(root, args.baseline, repeat=args.repeat, jobs=tuple(int(j) for j in args.jobs.split(",")),
+                       baseline_root=args.baseline_store)
     print(json.dumps(res, indent=1))
     return 0
 

@@ -9,11 +9,8 @@ Collected tables (everything a sidecar writes but ``runs``) may be written as::
 * **Hive partitions** by run, UTC date of the write and DP rank: DuckDB, Ray
   Data, Spark or Trino prune by path without opening files.  ``dp_rank`` is
   also a column of the files (any engine reads it without the path).
-* **Clustered by request**: rows within a file are sorted by rid (steps
-  without a rid last) in row groups of at most ``ROW_GROUP_ROWS`` rows, so a
-  request's rows are contiguous and each row group's min/max rid statistics
-  let any engine skip the row groups outside a range of rids — the unit the
-  estimators' chunks and the tasks of ``--engine ray`` read.
+* **Clustered by request**, as every part file of the store
+  (:mod:`dspark_obs.clustering`).
 * **Manifest of committed files**: a data file is visible only once a manifest
   lists it.  Each writer keeps one cumulative manifest per run, replaced by a
   newer one (``<writer>-<seq>.json``, sequence zero-padded so names sort; written
@@ -42,7 +39,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-__all__ = ["LAYOUTS", "FLEET_TABLES", "ROW_GROUP_ROWS", "MANIFEST_DIR", "FleetWriter", "committed_files", "manifest_fingerprint",
+from dspark_obs.clustering import ROW_GROUP_ROWS, cluster_by_request
+
+__all__ = ["LAYOUTS", "FLEET_TABLES", "MANIFEST_DIR", "FleetWriter", "committed_files", "manifest_fingerprint",
            "forget_table"]
 
 LAYOUTS = ("flat", "fleet")
@@ -51,17 +50,6 @@ FLEET_TABLES = ("steps", "step_reqs", "requests", "tokens", "gaps", "dead_letter
 MANIFEST_DIR = "_manifests"
 _TS_FORMAT = "%Y%m%dT%H%M%S%fZ"
 _MANIFEST_RE = re.compile(r"(?P<writer>[A-Za-z0-9_.]+)-(?P<seq>\d{12})\.json")
-
-
-ROW_GROUP_ROWS = 65_536
-"""Rows per row group of a fleet file: small enough that a rid range skips most of a large file."""
-
-
-def _cluster(data: pa.Table) -> pa.Table:
-    """Rows sorted by rid (stable; steps without a rid last, in their order)."""
-    if "rid" not in data.column_names or data.num_rows < 2:
-        return data
-    return data.take(pc.sort_indices(data, sort_keys=[("rid", "ascending", "at_end")]))
 
 
 def _split_by_rank(data: pa.Table) -> list[tuple[int | None, pa.Table]]:
@@ -94,7 +82,7 @@ class FleetWriter:
             name = f"part-{now.strftime(_TS_FORMAT)}-{self.writer_id}-{secrets.token_hex(4)}.parquet"
             self.fs.create_dir(f"{self.base}/{rel}", recursive=True)
             with self.fs.open_output_stream(f"{self.base}/{rel}/{name}") as f:
-                pq.write_table(_cluster(part), f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+                pq.write_table(cluster_by_request(part), f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
             entries.append({"table": table, "path": f"{rel}/{name}", "rows": part.num_rows})
         self._commit(run_id, entries)
         return [f"{self.base}/{e['path']}" for e in entries]

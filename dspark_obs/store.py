@@ -18,6 +18,8 @@ Why this shape:
   name, so many sidecars write side by side without coordination: no two ever
   write or delete the same key.  Names still sort by time first, so "newest
   file wins" for ``runs`` holds across writers.
+* Rows within a part file are clustered by request (:mod:`dspark_obs.clustering`),
+  so the estimators' rid-range reads skip the row groups of other requests.
 * ``run_id`` lives in the directory name (hive partitioning), so DuckDB and
   pyarrow can prune runs without opening files.
 * Readers only look at ``part-*.parquet``; anything else (a ``.tmp`` left by a
@@ -48,6 +50,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from dspark_obs import fleet, quarantine, schema
+from dspark_obs.clustering import ROW_GROUP_ROWS, cluster_by_request
 from dspark_obs.schema import conform
 
 __all__ = ["Store", "RUN_ID_PATTERN", "validate_run_id", "PART_GLOB", "is_url", "open_store", "checked_writer_id",
@@ -259,16 +262,17 @@ class Store:
     def _commit(self, folder: str, data: pa.Table, name: str) -> str:
         """Write ``data`` as ``folder/name``, whole or not at all; its path on ``fs``."""
         final = f"{folder}/{name}"
+        data = cluster_by_request(data)
         if not self.local:  # an object appears only when its upload completes
             with self.fs.open_output_stream(final) as f:
-                pq.write_table(data, f, compression="zstd")
+                pq.write_table(data, f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
             return final
         created = not os.path.isdir(folder)
         os.makedirs(folder, exist_ok=True)
         tmp = f"{folder}/.{name}.tmp"
         try:
             with open(tmp, "wb") as f:
-                pq.write_table(data, f, compression="zstd")
+                pq.write_table(data, f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, final)

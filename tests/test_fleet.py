@@ -12,7 +12,8 @@ import pytest
 
 from dspark_obs import sql
 from dspark_obs.estimators import ceiling
-from dspark_obs.fleet import ROW_GROUP_ROWS, FleetWriter
+from dspark_obs.clustering import ROW_GROUP_ROWS
+from dspark_obs.fleet import FleetWriter
 from dspark_obs.store import Store
 
 COLLECTED = ("steps", "step_reqs", "requests", "tokens")
@@ -56,8 +57,8 @@ def test_a_fleet_store_reads_as_the_flat_one(flat, tmp_path):
     rank = int(files[0].parent.name.removeprefix("dp_rank="))
     part = pq.read_table(files[0])
     assert set(part.column("dp_rank").to_pylist()) == {rank}
-    rids = [r for r in part.column("rid").to_pylist() if r is not None]
-    assert rids == sorted(rids) and part.column("rid").null_count == part.num_rows - len(rids)  # nulls last
+    # a file of one row group stays in the order written (clustering is checked on a large file below)
+    assert part.num_rows <= ROW_GROUP_ROWS and pq.ParquetFile(files[0]).metadata.num_row_groups == 1
     manifests = sorted((tmp_path / "_manifests" / "run_id=bench").iterdir())
     assert [m.name.split("-")[0] for m in manifests] == ["side0", "side1"]   # one (the newest) per writer
 

@@ -1,0 +1,37 @@
+"""Part files clustered by request: the layout every writer of the store gives its files.
+
+Rows within a part file of more than one row group are sorted by rid (stable: a request's
+rows keep their order; rows without a rid last) in row groups of at most :data:`ROW_GROUP_ROWS` rows.  A request's rows
+are then contiguous and each row group's min/max rid statistics let a reader skip the row
+groups outside a range of rids — the unit the estimators' chunks and ``--engine ray``'s tasks
+read.  Rows arrive in step order, each batch holding every request in flight, and rids sort by
+workload before number, so without it every row group of every file spans almost the whole
+rid range and each chunk decodes the whole run (a chunk's ``tokens`` read at 10M request-steps:
+0.31 CPU s unsorted, 0.15 s sorted).  Readers take any order: files written before this are
+read as they are.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["ROW_GROUP_ROWS", "cluster_by_request"]
+
+ROW_GROUP_ROWS = 65_536
+"""Rows per row group of a clustered file: small enough that a rid range skips most of a large file."""
+
+
+def cluster_by_request(data: pa.Table) -> pa.Table:
+    """``data`` sorted by rid (stable; rows without a rid last, in their order) when it fills more than one row
+    group; a table without rids, or of one row group, as it is (the sort would cost the write and skip nothing:
+    ``ingest`` writes one ``/server_info`` body, 51,200 rows at bs 256, per file)."""
+    if "rid" not in data.column_names or data.num_rows <= ROW_GROUP_ROWS:
+        return data   # one row group: its statistics span its rows' rids whatever their order
+    indices = pc.sort_indices(data, sort_keys=[("rid", "ascending", "at_end")])
+    # the buffer, not ``to_numpy``: that imports pandas, which ``ingest`` keeps out (dspark_obs.arrow_startup)
+    order = np.frombuffer(indices.buffers()[1], dtype=np.uint64, count=len(indices), offset=indices.offset * 8)
+    if np.array_equal(order, np.arange(data.num_rows, dtype=np.uint64)):
+        return data   # already in request order: no copy
+    return data.take(indices)
