@@ -9,6 +9,10 @@ workload before number, so without it every row group of every file spans almost
 rid range and each chunk decodes the whole run (a chunk's ``tokens`` read at 10M request-steps:
 0.31 CPU s unsorted, 0.15 s sorted).  Readers take any order: files written before this are
 read as they are.
+
+``step_reqs`` is the exception: within a step its rows are the batch in SGLang's order, the order the
+scheduler broke ties by, which the schedule replay reads back as the files hold it
+(:mod:`dspark_obs.estimators.replay`); sorting them by rid would change the replayed schedule.
 """
 
 from __future__ import annotations
@@ -17,17 +21,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ROW_GROUP_ROWS", "cluster_by_request"]
+__all__ = ["ROW_GROUP_ROWS", "ORDERED_TABLES", "cluster_by_request"]
 
 ROW_GROUP_ROWS = 65_536
 """Rows per row group of a clustered file: small enough that a rid range skips most of a large file."""
 
 
-def cluster_by_request(data: pa.Table) -> pa.Table:
+ORDERED_TABLES = ("step_reqs",)
+"""Tables whose row order carries meaning (the batch order of a step): written in the order given."""
+
+
+def cluster_by_request(data: pa.Table, table: str) -> pa.Table:
     """``data`` sorted by rid (stable; rows without a rid last, in their order) when it fills more than one row
-    group; a table without rids, or of one row group, as it is (the sort would cost the write and skip nothing:
+    group; one of :data:`ORDERED_TABLES`, a table without rids, or of one row group, as it is (the sort would cost the write and skip nothing:
     ``ingest`` writes one ``/server_info`` body, 51,200 rows at bs 256, per file)."""
-    if "rid" not in data.column_names or data.num_rows <= ROW_GROUP_ROWS:
+    if table in ORDERED_TABLES or "rid" not in data.column_names or data.num_rows <= ROW_GROUP_ROWS:
         return data   # one row group: its statistics span its rows' rids whatever their order
     indices = pc.sort_indices(data, sort_keys=[("rid", "ascending", "at_end")])
     # the buffer, not ``to_numpy``: that imports pandas, which ``ingest`` keeps out (dspark_obs.arrow_startup)

@@ -82,7 +82,7 @@ class FleetWriter:
             name = f"part-{now.strftime(_TS_FORMAT)}-{self.writer_id}-{secrets.token_hex(4)}.parquet"
             self.fs.create_dir(f"{self.base}/{rel}", recursive=True)
             with self.fs.open_output_stream(f"{self.base}/{rel}/{name}") as f:
-                pq.write_table(cluster_by_request(part), f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+                pq.write_table(cluster_by_request(part, table), f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
             entries.append({"table": table, "path": f"{rel}/{name}", "rows": part.num_rows})
         self._commit(run_id, entries)
         return [f"{self.base}/{e['path']}" for e in entries]

@@ -222,6 +222,7 @@ class Store:
             return None
         if self._fleet is not None and table in fleet.FLEET_TABLES:
             return self._path(self._fleet.write(table, run_id, data)[0])
+        data = cluster_by_request(data, table)
         return self._path(self._commit(self._partition(table, run_id), data, self._name()))
 
     def upsert_run(self, run_id: str, **fields) -> Path | str:
@@ -262,7 +263,6 @@ class Store:
     def _commit(self, folder: str, data: pa.Table, name: str) -> str:
         """Write ``data`` as ``folder/name``, whole or not at all; its path on ``fs``."""
         final = f"{folder}/{name}"
-        data = cluster_by_request(data)
         if not self.local:  # an object appears only when its upload completes
             with self.fs.open_output_stream(final) as f:
                 pq.write_table(data, f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
@@ -299,7 +299,7 @@ class Store:
         if data.num_rows == 0:
             return None
         folder = f"{self._partition(table, run_id)}/{_staged_dir(batch)}"
-        return self._path(self._commit(folder, data, self._name()))
+        return self._path(self._commit(folder, cluster_by_request(data, table), self._name()))
 
     def commit_staged(self, table: str, run_id: str, batch: str) -> int:
         """Move ``batch``'s staged part files into the partition (a rename locally; a copy and a delete on S3,

@@ -1,4 +1,4 @@
-"""Part files of the flat store clustered by request: row groups a rid range prunes, rows kept whole and in order."""
+"""Part files clustered by request: row groups a rid range prunes, rows kept whole and in order; step_reqs as written."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import glob
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dspark_obs.clustering import ROW_GROUP_ROWS, cluster_by_request
@@ -21,41 +22,65 @@ def _steps(n: int, seed: int = 5) -> pa.Table:
     return pa.table({"rid": rid, "forward_ct": pa.array(np.arange(n, dtype=np.int64))})
 
 
-def test_a_large_write_is_clustered_and_prunes_by_rid_range(tmp_path):
-    store = Store(tmp_path)
-    data = _steps(3 * ROW_GROUP_ROWS + 11)
+def _step_reqs(data: pa.Table) -> pa.Table:
     n, zeros = data.num_rows, np.zeros(data.num_rows, np.int64)
-    store.write("step_reqs", "r", pa.table({
+    return pa.table({
         "rid": data.column("rid"), "forward_ct": data.column("forward_ct"),
         **{c: zeros for c in ("dp_rank", "segment", "req_pool_index", "prefix_len", "verify_len", "acc_len",
                               "correct_drafts", "cap_trim", "bonus_token")},
-        "draft_tokens": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(2 * n, np.int32)), 2)}))
-    (path,) = glob.glob(f"{tmp_path}/step_reqs/run_id=r/part-*.parquet")
+        "draft_tokens": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(2 * n, np.int32)), 2)})
+
+
+def test_a_large_write_is_clustered_and_prunes_by_rid_range(tmp_path):
+    store = Store(tmp_path)
+    data = _steps(3 * ROW_GROUP_ROWS + 11)
+    data = data.filter(pc.is_valid(data.column("rid")))
+    store.write("tokens", "r", pa.table({"rid": data.column("rid"), "pos": data.column("forward_ct").cast(pa.int32()),
+                                         "token_id": pa.array(np.zeros(data.num_rows, np.int32))}))
+    (path,) = glob.glob(f"{tmp_path}/tokens/run_id=r/part-*.parquet")
     meta = pq.ParquetFile(path).metadata
-    assert meta.num_row_groups == 4
+    assert meta.num_row_groups == -(-data.num_rows // ROW_GROUP_ROWS) > 1
     rid_col = meta.schema.names.index("rid")
-    stats = [meta.row_group(i).column(rid_col).statistics for i in range(meta.num_row_groups)]
-    ranges = [(s.min, s.max) for s in stats if s.has_min_max]
+    ranges = [(s.min, s.max) for s in (meta.row_group(i).column(rid_col).statistics
+                                       for i in range(meta.num_row_groups))]
     assert all(a[1] <= b[0] for a, b in zip(ranges, ranges[1:]))     # row groups do not overlap in rid
     got = pq.read_table(path)
     rid = got.column("rid").to_pylist()
+    assert rid == sorted(rid)
+    pos = got.column("pos").to_numpy()
+    for r in set(rid[:50]):   # each request's rows in the order they were written
+        assert np.all(np.diff(pos[np.array([x == r for x in rid])]) > 0)
+    assert sorted(pos.tolist()) == sorted(data.column("forward_ct").to_pylist())   # nothing lost or doubled
+
+
+def test_step_reqs_keep_the_batch_order(tmp_path):
+    """Within a step, step_reqs rows are the batch in SGLang's order (the replay's tie-break): never sorted."""
+    data = _step_reqs(_steps(3 * ROW_GROUP_ROWS + 11))
+    Store(tmp_path).write("step_reqs", "r", data)
+    (path,) = glob.glob(f"{tmp_path}/step_reqs/run_id=r/part-*.parquet")
+    got = pq.read_table(path)
+    assert got.column("rid").to_pylist() == data.column("rid").to_pylist()
+    assert cluster_by_request(data, "step_reqs") is data
+
+
+def test_rows_without_a_rid_go_last_in_their_order():
+    data = _steps(ROW_GROUP_ROWS + 500)
+    got = cluster_by_request(data, "tokens")
+    rid = got.column("rid").to_pylist()
     known = [r for r in rid if r is not None]
-    assert known == sorted(known) and rid[len(known):] == [None] * (len(rid) - len(known))   # rids, then none
-    fct = got.column("forward_ct").to_numpy()
-    for r in set(known[:50]):   # each request's rows in the order they were written
-        mine = fct[np.array([x == r for x in rid])]
-        assert np.all(np.diff(mine) > 0)
-    assert sorted(fct.tolist()) == list(range(data.num_rows))          # nothing lost, nothing doubled
+    assert known == sorted(known) and rid[len(known):] == [None] * (len(rid) - len(known))
+    missing = pc.is_null(got.column("rid"))
+    assert np.all(np.diff(got.filter(missing).column("forward_ct").to_numpy()) > 0)
 
 
 def test_a_write_of_one_row_group_keeps_its_order():
     data = _steps(ROW_GROUP_ROWS)
-    assert cluster_by_request(data) is data
-    assert cluster_by_request(_steps(ROW_GROUP_ROWS + 1)) is not data
+    assert cluster_by_request(data, "tokens") is data
+    assert cluster_by_request(_steps(ROW_GROUP_ROWS + 1), "tokens") is not data
 
 
 def test_a_table_in_request_order_or_without_rids_is_not_copied():
-    ordered = cluster_by_request(_steps(ROW_GROUP_ROWS + 1))
-    assert cluster_by_request(ordered) is ordered
+    ordered = cluster_by_request(_steps(ROW_GROUP_ROWS + 1), "tokens")
+    assert cluster_by_request(ordered, "tokens") is ordered
     no_rid = pa.table({"x": np.arange(ROW_GROUP_ROWS + 1)})
-    assert cluster_by_request(no_rid) is no_rid
+    assert cluster_by_request(no_rid, "tokens") is no_rid
