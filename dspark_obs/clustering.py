@@ -1,8 +1,8 @@
 """Part files clustered by request: the layout every writer of the store gives its files.
 
 Rows within a part file of more than one row group are sorted by rid (stable: a request's
-rows keep their order; rows without a rid last) in row groups of at most :data:`ROW_GROUP_ROWS` rows.  A request's rows
-are then contiguous and each row group's min/max rid statistics let a reader skip the row
+rows keep their order; rows without a rid last) in row groups of at most :data:`ROW_GROUP_ROWS`
+rows.  A request's rows are then contiguous and each row group's min/max rid statistics let a reader skip the row
 groups outside a range of rids — the unit the estimators' chunks and ``--engine ray``'s tasks
 read.  Rows arrive in step order, each batch holding every request in flight, and rids sort by
 workload before number, so without it every row group of every file spans almost the whole
@@ -32,11 +32,12 @@ ORDERED_TABLES = ("step_reqs",)
 
 
 def cluster_by_request(data: pa.Table, table: str) -> pa.Table:
-    """``data`` sorted by rid (stable; rows without a rid last, in their order) when it fills more than one row
-    group; one of :data:`ORDERED_TABLES`, a table without rids, or of one row group, as it is (the sort would cost the write and skip nothing:
-    ``ingest`` writes one ``/server_info`` body, 51,200 rows at bs 256, per file)."""
+    """``data`` of ``table`` sorted by rid (stable; rows without a rid last, in their order) when it fills
+    more than one row group; one of :data:`ORDERED_TABLES`, a table without rids, or one of a single row
+    group as it is (a row group's statistics span its rids whatever their order, so the sort would cost
+    the write and skip nothing: ``ingest`` writes one ``/server_info`` body, 51,200 rows at bs 256, per file)."""
     if table in ORDERED_TABLES or "rid" not in data.column_names or data.num_rows <= ROW_GROUP_ROWS:
-        return data   # one row group: its statistics span its rows' rids whatever their order
+        return data
     indices = pc.sort_indices(data, sort_keys=[("rid", "ascending", "at_end")])
     # the buffer, not ``to_numpy``: that imports pandas, which ``ingest`` keeps out (dspark_obs.arrow_startup)
     order = np.frombuffer(indices.buffers()[1], dtype=np.uint64, count=len(indices), offset=indices.offset * 8)
