@@ -112,6 +112,20 @@ def _block(rng: np.random.Generator, first: int, n_req: int, gamma: int) -> dict
     return cat
 
 
+def _batch_positions(rank: np.ndarray, fct: np.ndarray, per_rank_bs: list[np.ndarray]) -> np.ndarray:
+    """Each row's position in its step's batch: after the step's rows of earlier writes (``per_rank_bs``,
+    rows so far per rank and forward_ct), then in the order of this write."""
+    out = np.empty(rank.size, dtype=np.int32)
+    for r, before in enumerate(per_rank_bs):
+        mine = np.flatnonzero(rank == r)
+        order = mine[np.argsort(fct[mine], kind="stable")]
+        f = fct[order]
+        within = np.arange(f.size) - np.searchsorted(f, f, side="left")
+        prior = np.where(f < before.size, before[np.minimum(f, max(before.size - 1, 0))], 0) if before.size else 0
+        out[order] = prior + within
+    return out
+
+
 def _lists(values: np.ndarray, type_: pa.DataType) -> pa.ListArray:
     n, width = values.shape
     return pa.ListArray.from_arrays(pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32)),
@@ -158,6 +172,7 @@ def generate(root: str | Path, *, rows: int, gamma: int = 6, seed: int = 0, dp_s
         store.write("step_reqs", RUN_ID, pa.table({
             "dp_rank": pa.array(rank[req]), "forward_ct": pa.array(fct), "segment": pa.array(np.zeros(len(req), np.int32)),
             "rid": rid_col, "req_pool_index": pa.array((slot[req] % batch).astype(np.int32)),
+            "batch_index": pa.array(_batch_positions(rank[req], fct, per_rank_bs)),
             "prefix_len": pa.array(b["prefix"][keep].astype(np.int32)),
             "verify_len": pa.array((b["window"][keep] + 1).astype(np.int16)),
             "acc_len": pa.array((b["correct"][keep] + 1).astype(np.int16)),

@@ -10,9 +10,11 @@ rid range and each chunk decodes the whole run (a chunk's ``tokens`` read at 10M
 0.31 CPU s unsorted, 0.15 s sorted).  Readers take any order: files written before this are
 read as they are.
 
-``step_reqs`` is the exception: within a step its rows are the batch in SGLang's order, the order the
-scheduler broke ties by, which the schedule replay reads back as the files hold it
-(:mod:`dspark_obs.estimators.replay`); sorting them by rid would change the replayed schedule.
+``step_reqs`` carry a meaning in their order: within a step the rows are the batch in SGLang's order,
+the order the scheduler broke ties by, which the schedule replay reads back
+(:mod:`dspark_obs.estimators.replay`).  They are clustered only when that order is also a column
+(``batch_index``, :data:`ORDER_COLUMNS`), so the replay can restore it; rows without it (a file
+written before the column was kept) keep the order written.
 """
 
 from __future__ import annotations
@@ -21,22 +23,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ROW_GROUP_ROWS", "ORDERED_TABLES", "cluster_by_request"]
+__all__ = ["ROW_GROUP_ROWS", "ORDER_COLUMNS", "cluster_by_request"]
 
 ROW_GROUP_ROWS = 65_536
 """Rows per row group of a clustered file: small enough that a rid range skips most of a large file."""
 
 
-ORDERED_TABLES = ("step_reqs",)
-"""Tables whose row order carries meaning (the batch order of a step): written in the order given."""
+ORDER_COLUMNS = {"step_reqs": "batch_index"}
+"""Tables whose row order carries meaning (the batch order of a step), and the column that keeps it: a write
+is clustered only when that column is complete."""
 
 
 def cluster_by_request(data: pa.Table, table: str) -> pa.Table:
     """``data`` of ``table`` sorted by rid (stable; rows without a rid last, in their order) when it fills
-    more than one row group; one of :data:`ORDERED_TABLES`, a table without rids, or one of a single row
-    group as it is (a row group's statistics span its rids whatever their order, so the sort would cost
-    the write and skip nothing: ``ingest`` writes one ``/server_info`` body, 51,200 rows at bs 256, per file)."""
-    if table in ORDERED_TABLES or "rid" not in data.column_names or data.num_rows <= ROW_GROUP_ROWS:
+    more than one row group.  As it is: a table without rids; one of :data:`ORDER_COLUMNS` whose order
+    column is missing or has nulls; one of a single row group (a row group's statistics span its rids
+    whatever their order, so the sort would cost the write and skip nothing: ``ingest`` writes one
+    ``/server_info`` body, 51,200 rows at bs 256, per file)."""
+    if "rid" not in data.column_names or data.num_rows <= ROW_GROUP_ROWS or not _order_kept(data, table):
         return data
     indices = pc.sort_indices(data, sort_keys=[("rid", "ascending", "at_end")])
     # the buffer, not ``to_numpy``: that imports pandas, which ``ingest`` keeps out (dspark_obs.arrow_startup)
@@ -44,3 +48,9 @@ def cluster_by_request(data: pa.Table, table: str) -> pa.Table:
     if np.array_equal(order, np.arange(data.num_rows, dtype=np.uint64)):
         return data   # already in request order: no copy
     return data.take(indices)
+
+
+def _order_kept(data: pa.Table, table: str) -> bool:
+    """Whether the meaning of ``data``'s row order (if it has one) survives a sort: its order column is complete."""
+    column = ORDER_COLUMNS.get(table)
+    return column is None or (column in data.column_names and data.column(column).null_count == 0)

@@ -9,8 +9,8 @@ Collected tables (everything a sidecar writes but ``runs``) may be written as::
 * **Hive partitions** by run, UTC date of the write and DP rank: DuckDB, Ray
   Data, Spark or Trino prune by path without opening files.  ``dp_rank`` is
   also a column of the files (any engine reads it without the path).
-* **Clustered by request**, as every part file of the store but ``step_reqs``'
-  (:mod:`dspark_obs.clustering`).
+* **Clustered by request**, as every part file of the store
+  (:mod:`dspark_obs.clustering`; ``step_reqs`` keep their batch order as ``batch_index``).
 * **Manifest of committed files**: a data file is visible only once a manifest
   lists it.  Each writer keeps one cumulative manifest per run, replaced by a
   newer one (``<writer>-<seq>.json``, sequence zero-padded so names sort; written

@@ -39,6 +39,9 @@ def test_the_fast_decoder_gives_the_reference_rows(body):
     assert fast is not None and fast.ranks[0].records
     for (s1, q1), (s2, q2) in zip(_tables(fast, segment=2), _tables(ref, segment=2)):
         assert s1.equals(s2) and q1.equals(q2)
+    rank = ref.ranks[0]   # batch_index: each row's position in its record's reqs
+    want = [i for r in rank.records for i in range(len(r.reqs or []))]
+    assert _tables(ref, segment=0)[0][1].column("batch_index").to_pylist() == want and max(want) > 0
     # any subset of a rank's records, as the cursor hands them over
     f, r = fast.ranks[0].records, ref.ranks[0].records
     for pick in ([0], [1, 2], [0, 3, 5], list(range(len(f)))[2:]):

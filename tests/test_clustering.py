@@ -1,4 +1,5 @@
-"""Part files clustered by request: row groups a rid range prunes, rows kept whole and in order; step_reqs as written."""
+"""Part files clustered by request: row groups a rid range prunes, rows kept whole and in order; step_reqs
+sorted only with their batch order kept as a column."""
 
 from __future__ import annotations
 
@@ -22,13 +23,16 @@ def _steps(n: int, seed: int = 5) -> pa.Table:
     return pa.table({"rid": rid, "forward_ct": pa.array(np.arange(n, dtype=np.int64))})
 
 
-def _step_reqs(data: pa.Table) -> pa.Table:
+def _step_reqs(data: pa.Table, *, batch_index: bool = True) -> pa.Table:
     n, zeros = data.num_rows, np.zeros(data.num_rows, np.int64)
-    return pa.table({
-        "rid": data.column("rid"), "forward_ct": data.column("forward_ct"),
+    columns = {
+        "rid": data.column("rid"), "forward_ct": data.column("forward_ct").to_numpy() // 5,   # five requests per step
         **{c: zeros for c in ("dp_rank", "segment", "req_pool_index", "prefix_len", "verify_len", "acc_len",
                               "correct_drafts", "cap_trim", "bonus_token")},
-        "draft_tokens": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(2 * n, np.int32)), 2)})
+        "draft_tokens": pa.FixedSizeListArray.from_arrays(pa.array(np.zeros(2 * n, np.int32)), 2)}
+    if batch_index:
+        columns["batch_index"] = pa.array((np.arange(n) % 5).astype(np.int32))
+    return pa.table(columns)
 
 
 def test_a_large_write_is_clustered_and_prunes_by_rid_range(tmp_path):
@@ -53,14 +57,30 @@ def test_a_large_write_is_clustered_and_prunes_by_rid_range(tmp_path):
     assert sorted(pos.tolist()) == sorted(data.column("forward_ct").to_pylist())   # nothing lost or doubled
 
 
-def test_step_reqs_keep_the_batch_order(tmp_path):
-    """Within a step, step_reqs rows are the batch in SGLang's order (the replay's tie-break): never sorted."""
+def test_step_reqs_are_clustered_with_their_batch_order_kept(tmp_path):
+    """Within a step, step_reqs rows are the batch in SGLang's order (the replay's tie-break): sorted by rid,
+    each row's batch_index still gives that order back."""
     data = _step_reqs(_steps(3 * ROW_GROUP_ROWS + 11))
     Store(tmp_path).write("step_reqs", "r", data)
     (path,) = glob.glob(f"{tmp_path}/step_reqs/run_id=r/part-*.parquet")
     got = pq.read_table(path)
-    assert got.column("rid").to_pylist() == data.column("rid").to_pylist()
+    known = [r for r in got.column("rid").to_pylist() if r is not None]
+    assert known == sorted(known) and got.column("rid").to_pylist() != data.column("rid").to_pylist()
+    back = got.take(np.lexsort((got.column("batch_index").to_numpy(), got.column("forward_ct").to_numpy())))
+    assert back.column("rid").to_pylist() == data.column("rid").to_pylist()
+
+
+def test_step_reqs_without_their_batch_order_are_never_sorted(tmp_path):
+    """A step_reqs table that lacks batch_index (or has nulls in it) is written in the order given."""
+    data = _step_reqs(_steps(3 * ROW_GROUP_ROWS + 11), batch_index=False)
+    Store(tmp_path).write("step_reqs", "r", data)
+    (path,) = glob.glob(f"{tmp_path}/step_reqs/run_id=r/part-*.parquet")
+    assert pq.read_table(path).column("rid").to_pylist() == data.column("rid").to_pylist()
     assert cluster_by_request(data, "step_reqs") is data
+    partial = _step_reqs(_steps(3 * ROW_GROUP_ROWS + 11))
+    partial = partial.set_column(partial.column_names.index("batch_index"), "batch_index",
+                                 pa.array([None] + list(range(1, partial.num_rows)), pa.int32()))
+    assert cluster_by_request(partial, "step_reqs") is partial
 
 
 def test_rows_without_a_rid_go_last_in_their_order():

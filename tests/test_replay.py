@@ -109,6 +109,29 @@ def test_replay_reproduces_every_logged_window_and_budget(con, mode, dp):
     assert result["budget_matches"] == log.num_steps
 
 
+def _shuffled_copy(runs, root, *, keep_batch_index: bool) -> None:
+    """compact-dp2 with its request rows shuffled, as a store clustered by rid holds them."""
+    src, store = Store(runs), Store(root)
+    reqs = src.read("step_reqs", "compact-dp2")
+    if not keep_batch_index:
+        reqs = reqs.drop_columns(["batch_index"])
+    store.write("step_reqs", "compact-dp2", reqs.take(np.random.default_rng(3).permutation(reqs.num_rows)))
+    store.write("steps", "compact-dp2", src.read("steps", "compact-dp2"))
+    store.upsert_run("compact-dp2", started_at=T0, source="emulator", mode="compact", gamma=6, dp_size=2)
+
+
+def test_a_steps_rows_replay_in_batch_order_whatever_the_file_order(con, runs, tmp_path):
+    """The replay orders a step's rows by batch_index (SGLang's batch order, the scheduler's tie-break), so a
+    store that keeps them in any order, as one clustered by request does, replays the same log."""
+    log = rp.load_step_log(con, "compact-dp2")
+    for keep, root in ((True, tmp_path / "kept"), (False, tmp_path / "lost")):
+        _shuffled_copy(runs, root, keep_batch_index=keep)
+        got = rp.load_step_log(sql.connect(root), "compact-dp2")
+        same = all(np.array_equal(getattr(got, name), getattr(log, name))
+                   for name in ("row_ptr", "rid", "verify_len", "acc_len", "confidence", "block_mid"))
+        assert same == keep   # without batch_index the shuffled rows stay shuffled: the check can fail
+
+
 def test_conformance_notices_a_different_table(con):
     log = rp.load_step_log(con, "compact-dp1")
     flat = ct.SpsAdditiveCostTable(bias_seconds=0.008, bs_probes=[1], alpha_seconds=[0.0],

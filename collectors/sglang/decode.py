@@ -324,17 +324,25 @@ def _fast_reqs_table(records: list[_FastRecord], dp_rank: int, segment: int) -> 
     target = schema.schema_for("step_reqs")
     reqs = [q for r in records if r.reqs for q in r.reqs]
     n = len(reqs)
+    per_step = np.fromiter((len(r.reqs) if r.reqs else 0 for r in records), np.int64, len(records))
     cols: dict[str, Any] = {
         "dp_rank": pa.array(np.full(n, dp_rank, dtype=np.int64)).cast(pa.int16()),
         "forward_ct": pa.array(np.repeat(np.fromiter((r.forward_ct for r in records), np.int64, len(records)),
-                                         [len(r.reqs) if r.reqs else 0 for r in records])),
+                                         per_step)),
         "segment": pa.array(np.full(n, segment, dtype=np.int64)).cast(pa.int32()),
+        "batch_index": pa.array(_positions_in_step(per_step)),
     }
     for name in _REQ_SCALARS:
         cols[name] = pa.array(list(map(attrgetter(name), reqs)), type=target.field(name).type)
     for name in _LIST_FIELDS:
         cols[name] = _list_column([r.__dict__["_lists"] for r in records], name, target.field(name).type)
     return pa.Table.from_pydict({f.name: cols[f.name] for f in target}, schema=target)
+
+
+def _positions_in_step(per_step: np.ndarray) -> np.ndarray:
+    """Each row's position in its record's ``reqs`` (rows of ``per_step[i]`` requests per record, in order)."""
+    starts = np.cumsum(per_step) - per_step
+    return (np.arange(int(per_step.sum()), dtype=np.int64) - np.repeat(starts, per_step)).astype(np.int32)
 
 
 def _list_column(slices: list[tuple], name: str, type_: pa.DataType) -> pa.Array:
@@ -387,6 +395,7 @@ def _reqs_table(records: list[SglangRecord], dp_rank: int, segment: int) -> pa.T
         cols["dp_rank"].extend([dp_rank] * k)
         cols["forward_ct"].extend([r.forward_ct] * k)
         cols["segment"].extend([segment] * k)
+        cols["batch_index"].extend(range(k))
         for q in reqs:
             for name in _REQ_SCALARS + _LIST_FIELDS:
                 cols[name].append(getattr(q, name))

@@ -99,6 +99,8 @@ STEP_REQS = pa.schema([
     field("segment", I32, "server lifetime segment", False),
     field("rid", STR, "request id; null if the server did not report it"),
     field("req_pool_index", I32, "request slot on the server", False),
+    field("batch_index", I32, "the request's position in the step's reqs list: SGLang's batch order, the order "
+       "the scheduler breaks ties by; null in files written before it was kept"),
     field("prefix_len", I32, "sequence length (prompt + committed output) before this step", False),
     field("verify_len", I16, "verified slots including the anchor: window = verify_len - 1", False),
     field("acc_len", I16, "committed tokens this step: correct_drafts + 1", False),

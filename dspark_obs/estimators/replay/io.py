@@ -38,10 +38,11 @@ SELECT dp_rank, segment, forward_ct, bs, mode, coalesce(budget, -1) AS budget,
        coalesce(lag_steps, $default_lag) AS lag_steps, num_verify_tokens, {timer} AS measured_ms
 FROM steps WHERE run_id = $run AND bs > 0
 """
-# No ORDER BY: DuckDB preserves insertion order (files sort by time, rows keep record
-# order), and a step's request order is the batch order the scheduler broke ties by.
+# No ORDER BY: a step's request order is the batch order the scheduler broke ties by, restored by
+# _in_step_order from batch_index; rows without it (older files, never clustered) keep the insertion
+# order DuckDB preserves (files sort by time, rows keep record order).
 _REQS_SQL = """
-SELECT dp_rank, segment, forward_ct, rid, req_pool_index, verify_len, acc_len, correct_drafts,
+SELECT dp_rank, segment, forward_ct, batch_index, rid, req_pool_index, verify_len, acc_len, correct_drafts,
        cap_trim, confidence, emu_block_accept
 FROM step_reqs WHERE run_id = $run
 """
@@ -139,13 +140,24 @@ def _rows_by_step(run: str, steps: pa.Table, reqs: pa.Table) -> tuple[pa.Table, 
 
 
 def _in_step_order(t: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """The rows sorted by step (stable: a step's rows keep their batch order) and their step codes; rows
-    read in step order already (a store's files usually are) are not copied."""
-    code = _step_code(t)
-    if code.size and np.any(code[1:] < code[:-1]):
-        order = np.argsort(code, kind="stable")
-        return t.take(order), code[order]
-    return t, code
+    """The rows sorted by step and, within a step, by ``batch_index`` (stable: rows without one keep the
+    order read, which files written before it was kept hold in batch order) with their step codes; rows
+    read in that order already are not copied."""
+    code, position = _step_code(t), _batch_positions(t)
+    out_of_order = code[1:] < code[:-1]
+    if position is not None:
+        out_of_order |= (code[1:] == code[:-1]) & (position[1:] < position[:-1])
+    if not out_of_order.any():
+        return t, code
+    order = np.argsort(code, kind="stable") if position is None else np.lexsort((position, code))
+    return t.take(order), code[order]
+
+
+def _batch_positions(t: pa.Table) -> np.ndarray | None:
+    """``batch_index`` (nulls as 0, so such rows tie and keep their order), or None when no row has one."""
+    if "batch_index" not in t.column_names or t.column("batch_index").null_count == t.num_rows:
+        return None
+    return pc.fill_null(t.column("batch_index"), 0).to_numpy().astype(np.int64)
 
 
 def _request_codes(reqs: pa.Table) -> np.ndarray:
