@@ -352,6 +352,31 @@ def test_jsonl_errors_name_the_row():
         logprobs_from_sglang_jsonl([[1, 2]], gamma=4)
 
 
+def test_summary_bootstrap_in_tiles_of_requests_sums_the_whole_draw(monkeypatch):
+    """The weights are drawn in tiles of requests (fast: a tile stays in cache); the tiles put together are the
+    run's weights, and every workload's resampled sums (a subset of the tiles' columns) are its weights @ sums."""
+    from dspark_obs.estimators import stats as bootstrap
+    from dspark_obs.estimators.ceiling import stats as ceiling_stats
+
+    monkeypatch.setattr(bootstrap, "UNITS_PER_TILE", 128)   # 500 requests: three full tiles and a partial one
+    rng = np.random.default_rng(5)
+    r, b = 500, 70
+    keys = bootstrap.unit_keys([f"req-{i}" for i in range(r)])
+    whole = bootstrap.poisson_weights(keys, b, 11)
+    tiled = np.zeros_like(whole)
+    for start, lo, hi, w in bootstrap.weight_tiles(keys, b, 11):
+        assert hi - lo <= 128 and w.shape[0] <= bootstrap.BLOCK
+        tiled[start:start + w.shape[0], lo:hi] = w
+    assert np.array_equal(tiled, whole)
+    workload = np.array(["a", "b", "c"], dtype=object)[rng.integers(0, 3, r)]
+    totals = ceiling_stats.RequestTotals(np.arange(r), workload, rng.random((r, 6)), rng.integers(1, 9, r).astype(float),
+                                         keys)
+    got = ceiling_stats.summary_sums(totals, n_bootstrap=b, seed=11)
+    for name, mask in [("*", np.ones(r, bool))] + [(w, workload == w) for w in "abc"]:
+        np.testing.assert_allclose(got[name].boot_sums, whole[:, mask] @ totals.sums[mask], rtol=1e-12)
+        np.testing.assert_allclose(got[name].boot_den, whole[:, mask] @ totals.steps[mask], rtol=1e-12)
+
+
 def test_summary_bootstrap_in_blocks_draws_the_resamples_of_one_draw():
     """The request bootstrap is drawn 64 resamples at a time (bounded memory); its interval is the
     percentile interval of the Poisson weights drawn per request, and any split of the requests

@@ -26,10 +26,16 @@ import numpy as np
 
 from dspark_obs.keys import stable_keys
 
-__all__ = ["unit_keys", "run_unit_keys", "poisson_weights", "group_weights", "BLOCK", "clustered_mean", "clustered_mean_of_sums"]
+__all__ = ["unit_keys", "run_unit_keys", "poisson_weights", "weight_tiles", "group_weights", "BLOCK", "UNITS_PER_TILE",
+           "clustered_mean", "clustered_mean_of_sums"]
 
 BLOCK = 64
 """Resamples drawn and reduced at a time by callers that bound their memory."""
+
+UNITS_PER_TILE = 4096
+"""Units per tile of :func:`weight_tiles`: a ``[64, 4096]`` block of draws (2 MB) stays in cache through the
+dozen passes of the mix, where one ``[64, 193k]`` block (the requests of a 10M-step run) goes to memory on
+each (1000 resamples of 193k requests: 6.6 CPU s whole, 1.8 s in tiles)."""
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _POISSON_CDF = np.cumsum([math.exp(-1.0) / math.factorial(k) for k in range(24)])
@@ -94,6 +100,18 @@ def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int
     rare = np.flatnonzero(bits >= t[2])
     weights.reshape(-1)[rare] = np.searchsorted(t, bits.reshape(-1)[rare], side="right")
     return weights
+
+
+def weight_tiles(keys: np.ndarray, n_resamples: int, seed: int):
+    """:func:`poisson_weights` of ``keys`` in tiles: yields ``(start, lo, hi, weights)``, the weights
+    ``[<= BLOCK, hi - lo]`` of resamples ``start ..`` for units ``lo:hi`` (every tile of one block of
+    resamples, then the next), so a caller reduces ``weights @ sums[lo:hi]`` tile by tile."""
+    keys = np.asarray(keys, dtype=np.uint64)
+    for start in range(0, n_resamples, BLOCK):
+        rows = min(BLOCK, n_resamples - start)
+        for lo in range(0, keys.size, UNITS_PER_TILE):
+            hi = min(lo + UNITS_PER_TILE, keys.size)
+            yield start, lo, hi, poisson_weights(keys[lo:hi], rows, seed, start=start)
 
 
 def group_weights(n_groups: int, n_resamples: int, seed: int, keys: np.ndarray | None = None,

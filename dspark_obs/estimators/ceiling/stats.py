@@ -75,15 +75,20 @@ def group_sums(sums: np.ndarray, den: np.ndarray, keys: np.ndarray, *, n_bootstr
 
 
 def _groups_sums(keys: np.ndarray, groups: list, *, n_bootstrap: int, seed: int) -> list[GroupSums]:
-    """:func:`group_sums` of each ``(sums, den, columns)`` of ``groups``, whose requests are ``keys[columns]``:
-    each request's weights are drawn once for all the groups it is in (a weight depends on its key only)."""
+    """:func:`group_sums` of each ``(sums, den, columns)`` of ``groups``, whose requests are ``keys[columns]``
+    (ascending): each request's weights are drawn once for all the groups it is in (a weight depends on its
+    key only), in tiles of requests (:func:`~dspark_obs.estimators.stats.weight_tiles`: bounded memory, and
+    fast)."""
     boots = [(np.zeros((n_bootstrap, sums.shape[1])), np.zeros(n_bootstrap)) for sums, _, _ in groups]
-    for start in range(0, n_bootstrap, bootstrap.BLOCK):  # bounded memory: [64, r] weights at a time
-        drawn = bootstrap.poisson_weights(keys, min(bootstrap.BLOCK, n_bootstrap - start), seed, start=start)
+    for start, lo, hi, drawn in bootstrap.weight_tiles(keys, n_bootstrap, seed):
+        rows = slice(start, start + drawn.shape[0])
         for (sums, den, cols), (boot_sums, boot_den) in zip(groups, boots):
-            weights = drawn if cols.size == keys.size and (cols == np.arange(keys.size)).all() else drawn[:, cols]
-            boot_sums[start:start + weights.shape[0]] = weights @ sums
-            boot_den[start:start + weights.shape[0]] = weights @ den
+            a, b = np.searchsorted(cols, [lo, hi])
+            if a == b:
+                continue
+            weights = drawn if b - a == hi - lo else drawn[:, cols[a:b] - lo]   # all of the tile: no copy
+            boot_sums[rows] += weights @ sums[a:b]
+            boot_den[rows] += weights @ den[a:b]
     return [GroupSums(int(den.size), sums.sum(axis=0), float(den.sum()), boot_sums, boot_den)
             for (sums, den, _), (boot_sums, boot_den) in zip(groups, boots)]
 
