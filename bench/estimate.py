@@ -255,6 +255,15 @@ def _ceiling_columns(root: str) -> dict:
     return {c: pc.fill_null(table.column(c), float("nan")).to_numpy() for c in ("lo", "mid", "hi")}
 
 
+def _summary_values(root: str) -> np.ndarray:
+    """The run's ``ceiling_summary`` numbers (its bootstrap intervals with them), workloads in order."""
+    from dspark_obs.store import Store
+
+    rows = sorted(Store(root).read("ceiling_summary", "bench").to_pylist(), key=lambda r: r["workload"])
+    return np.array([[float(v) for k, v in sorted(r.items()) if isinstance(v, (int, float)) and v is not None]
+                     for r in rows])
+
+
 def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1, 2),
                  baseline_root: str | None = None) -> dict:
     """Both codes' ``estimate`` on ``root``, interleaved (the order flips each round); medians per code and jobs.
@@ -273,7 +282,7 @@ def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1,
                 runs[(name, j)].append(_estimate_once(trees[name], roots[name], j))
                 print(f"  round {i + 1} {name} --jobs {j}: {runs[(name, j)][-1]}", flush=True)
             if i == repeat - 1 or i == repeat - 2:
-                columns[name] = _ceiling_columns(roots[name])
+                columns[name] = {**_ceiling_columns(roots[name]), "summary": _summary_values(roots[name])}
     rows = _store_rows(root)
     if _store_rows(roots["before"]) != rows:
         raise ValueError(f"the baseline's store {roots['before']} holds other data than {root}")
@@ -291,6 +300,9 @@ def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1,
         out["after.jobs_wall_gain"] = round(out[f"after.jobs{jobs[0]}"]["wall_s"] / out[f"after.jobs{jobs[-1]}"]["wall_s"], 2)
     out["max_abs_diff"] = {c: float(np.nanmax(np.abs(columns["before"][c] - columns["after"][c]), initial=0.0))
                            for c in ("lo", "mid", "hi")}
+    a, b = columns["before"]["summary"], columns["after"]["summary"]
+    out["summary_max_rel_diff"] = (float(np.max(np.abs(a - b) / np.maximum(np.maximum(np.abs(a), np.abs(b)), 1e-300),
+                                                initial=0.0)) if a.shape == b.shape else float("inf"))
     return out
 
 

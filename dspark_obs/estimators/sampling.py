@@ -35,6 +35,8 @@ __all__ = ["SOURCES", "GREEDY", "SAMPLED", "UNKNOWN", "DEFAULT_ALPHA", "infer_gr
 
 SOURCES = ("recorded", "override", "inferred", "unknown")
 GREEDY, SAMPLED, UNKNOWN = "greedy", "sampled", "unknown"
+_STATED_KINDS = np.array([GREEDY, SAMPLED], dtype=object)   # a stated temperature: 0 greedy, else sampled
+_SOURCE_NAMES = np.array(SOURCES, dtype=object)
 DEFAULT_ALPHA = 1e-3
 """Largest chance that a sampled request commits only top-1 tokens by luck and is called greedy."""
 _TIE = 1e-5  # a committed token within this logprob of the top-1 counts as the top-1
@@ -113,10 +115,11 @@ def resolve_sampling(recorded: np.ndarray, override: np.ndarray, inferred: np.nd
     recorded = np.asarray(recorded, dtype=np.float64)
     override = np.asarray(override, dtype=np.float64)
     inferred = np.asarray(inferred, dtype=object)
-    kind = lambda t: np.where(t == 0.0, GREEDY, SAMPLED)  # noqa: E731
-    sampling = np.where(~np.isnan(recorded), kind(recorded),
-                        np.where(~np.isnan(override), kind(override), inferred)).astype(object)
-    source = np.where(~np.isnan(recorded), "recorded",
-                      np.where(~np.isnan(override), "override",
-                               np.where(inferred != UNKNOWN, "inferred", "unknown"))).astype(object)
+    # codes into the names, then one take: every step shares the names' objects (no string made per step)
+    has_recorded, has_override = ~np.isnan(recorded), ~np.isnan(override)
+    unstated = ~(has_recorded | has_override)
+    temperature = np.where(has_recorded, recorded, override)
+    sampling = _STATED_KINDS[(temperature != 0.0).astype(np.intp)]
+    sampling[unstated] = inferred[unstated]
+    source = _SOURCE_NAMES[np.where(has_recorded, 0, np.where(has_override, 1, np.where(inferred != UNKNOWN, 2, 3)))]
     return sampling, source
