@@ -278,20 +278,18 @@ def stat_sums(lo, mid, hi, truth, emu, mask, per_step) -> dict:
     """
     has_t = mask & ~np.isnan(truth)
     has_e = mask & ~np.isnan(emu)
-    # each array gathered once per mask (the sums are of the same elements in the same order as gathering
-    # per figure, bit for bit; a validation sums ~20 figures over a chunk)
-    lo_t, mid_t, hi_t, t = lo[has_t], mid[has_t], hi[has_t], truth[has_t]
-    lo_e, mid_e, hi_e, e = lo[has_e], mid[has_e], hi[has_e], emu[has_e]
-    exact = np.asarray(per_step, dtype=bool)[has_t]
-    x, lo_x, mid_x, hi_x = t[exact], lo_t[exact], mid_t[exact], hi_t[exact]
-    out: dict = {"n": int(t.size), "emu_n": int(e.size), "coverage_n": int(x.size)}
-    for col, at_t, at_e in (("lo", lo_t, lo_e), ("mid", mid_t, mid_e), ("hi", hi_t, hi_e)):
-        out[col] = at_t.sum()
-        out[f"emu_{col}"] = at_e.sum()
-    out.update(truth=t.sum(), bias=(mid_t - t).sum(), mae=np.abs(mid_x - x).sum(),
-               coverage=int(((lo_x <= x + 1e-9) & (x <= hi_x + 1e-9)).sum()),
-               emu=e.sum(), emu_bias=(mid_e - e).sum(), emu_mae=np.abs(mid_e - e).sum(),
-               emu_coverage=int(((lo_e <= e + 1e-6) & (e <= hi_e + 1e-6)).sum()))
+    out: dict = {"n": int(has_t.sum()), "emu_n": int(has_e.sum())}
+    exact = has_t & np.asarray(per_step, dtype=bool)
+    out["coverage_n"] = int(exact.sum())
+    for col, arr in (("lo", lo), ("mid", mid), ("hi", hi)):
+        out[col] = arr[has_t].sum()
+        out[f"emu_{col}"] = arr[has_e].sum()
+    t, e = truth[has_t], emu[has_e]
+    x = truth[exact]
+    out.update(truth=t.sum(), bias=(mid[has_t] - t).sum(), mae=np.abs(mid[exact] - x).sum(),
+               coverage=int(((lo[exact] <= x + 1e-9) & (x <= hi[exact] + 1e-9)).sum()),
+               emu=e.sum(), emu_bias=(mid[has_e] - e).sum(), emu_mae=np.abs(mid[has_e] - e).sum(),
+               emu_coverage=int(((lo[has_e] <= e + 1e-6) & (e <= hi[has_e] + 1e-6)).sum()))
     return out
 
 
