@@ -19,7 +19,7 @@ settings). Freed chunk memory then stays in the heap for the next chunk.
 Arrow's own allocations go to its jemalloc pool instead of the wheels' default, mimalloc
 (``ARROW_DEFAULT_MEMORY_POOL=jemalloc``, and :func:`pyarrow.set_memory_pool` here): taking a 10M-row
 ``step_reqs`` table into step order for the schedule replay cost 14.1 CPU s with mimalloc, 12.8 of
-them system time faulting fresh pages in, and 3.3 s with jemalloc (4.1 s with the system allocator).
+them system time faulting fresh pages in, and 3.3–3.6 s with jemalloc (4.1 s with the system allocator).
 
 A value the user set in the environment is left as it is. ``bench/RESULTS.md`` has the before/after
 figures.
