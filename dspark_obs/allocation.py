@@ -61,7 +61,7 @@ def _arrow_pool(environ) -> bool:
     user chose a pool; whether this process's pool was set."""
     if "ARROW_DEFAULT_MEMORY_POOL" in environ:
         return False
-    import pyarrow as pa
+    import pyarrow as pa   # here, not at the top: pyarrow imports numpy, which must see NUMPY_MADVISE_HUGEPAGE first
 
     try:
         pool, name = pa.jemalloc_memory_pool(), "jemalloc"
