@@ -20,7 +20,7 @@ from dspark_obs.estimators.ceiling.evidence import (
 )
 from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
 from dspark_obs.estimators.ceiling.prior import AcceptanceModel, fit_acceptance_model
-from dspark_obs.estimators.ceiling.stats import equal_count_bins, summarize, validate
+from dspark_obs.estimators.ceiling.stats import _from_sums, equal_count_bins, stat_sums, summarize, validate, validate_parts
 from dspark_obs.estimators.ceiling.walk import CATEGORIES, sglang_interval, walk_blocks
 
 NAN = math.nan
@@ -296,6 +296,67 @@ def test_equal_count_bins_have_sizes_within_one():
     sizes = np.bincount(bins)
     assert len(sizes) == 8 and sizes.max() - sizes.min() <= 1
     assert equal_count_bins(np.array([3.0, 1.0, 2.0]), 8).tolist() == [2, 0, 1]
+
+
+def _stable_sort_bins(values: np.ndarray, n_bins: int) -> np.ndarray:
+    """The bins as first written: a stable sort cut into equal parts."""
+    out = np.empty(values.size, dtype=np.int64)
+    for b, part in enumerate(np.array_split(np.argsort(values, kind="stable"), max(1, min(n_bins, values.size)))):
+        out[part] = b
+    return out
+
+
+@pytest.mark.parametrize("kind", ["uniform", "integers", "rounded", "ints", "nan"])
+def test_equal_count_bins_are_the_stable_sort_cut_in_parts(kind):
+    rng = np.random.default_rng(hash(kind) % 2**32)
+    for _ in range(60):
+        n, n_bins = int(rng.integers(0, 200)), int(rng.integers(1, 12))
+        values = {"uniform": rng.random(n), "integers": rng.integers(0, 4, n).astype(float),
+                  "rounded": np.round(rng.random(n), 1), "ints": rng.integers(0, 3, n),
+                  "nan": np.where(rng.random(n) < 0.1, NAN, rng.integers(0, 3, n))}[kind]
+        assert equal_count_bins(values, n_bins).tolist() == _stable_sort_bins(values, n_bins).tolist()
+
+
+def _validate_by_masks(all_steps, lo, mid, hi, truth, emu, *, category, workload, greedy) -> list[dict]:
+    """validate_parts as first written: one mask and one :func:`stat_sums` per group."""
+    def stats(mask):
+        return _from_sums(stat_sums(lo, mid, hi, truth, emu, mask, greedy))
+
+    rows = [{"group_kind": "all_steps", "group": "*", **_from_sums(all_steps)},
+            {"group_kind": "overall", "group": "*", **stats(np.ones(lo.size, dtype=bool))}]
+    sampling = np.array(["temperature", "greedy"], dtype=object)[greedy.astype(np.intp)]
+    for kind, labels in (("sampling", sampling), ("category", category), ("workload", workload)):
+        text = np.array([str(x) for x in labels], dtype=object)
+        for name in sorted(set(text)):
+            rows.append({"group_kind": kind, "group": name, **stats(text == name)})
+    bins = equal_count_bins(mid)
+    for b in range(int(bins.max()) + 1 if lo.size else 0):
+        rows.append({"group_kind": "bin", "group": str(b), "bin": b, **stats(bins == b)})
+    return rows
+
+
+def test_validation_groups_sum_the_same_floats_as_one_mask_per_group():
+    """Grouped in one pass, each group's sums add the same numbers in the same order: equal bit for bit."""
+    rng = np.random.default_rng(7)
+    for n in [1, 2, 5, 9, 40, 3000] * 4:
+        lo = rng.random(n) * 3
+        mid = np.where(rng.random(n) < 0.5, np.floor(lo + rng.random(n)), lo + rng.random(n))
+        hi = mid + rng.random(n)
+        truth = np.where(rng.random(n) < rng.choice([0.0, 0.3, 1.0]), NAN, rng.integers(0, 7, n).astype(float))
+        emu = np.where(rng.random(n) < rng.choice([0.0, 0.5, 1.0]), NAN, rng.random(n) * 6)
+        codes = rng.integers(0, len(CATEGORIES), n)
+        workload = np.array(["gsm8k", "poetry", 1, "1"], dtype=object)[rng.integers(0, 4, n)]
+        greedy = rng.random(n) < 0.5
+        all_steps = stat_sums(lo, mid, hi, truth, emu, np.ones(n, dtype=bool), greedy)
+        if not (all_steps["n"] or all_steps["emu_n"]):
+            continue
+        labels = np.asarray(CATEGORIES, dtype=object)[codes]
+        want = _validate_by_masks(all_steps, lo, mid, hi, truth, emu, category=labels, workload=workload,
+                                  greedy=greedy)
+        assert validate_parts(all_steps, lo, mid, hi, truth, emu, category=labels, workload=workload,
+                              greedy=greedy) == want
+        assert validate_parts(all_steps, lo, mid, hi, truth, emu, category=codes, category_names=CATEGORIES,
+                              workload=workload, greedy=greedy) == want
 
 
 def test_summary_means_ratio_and_seeded_bootstrap():

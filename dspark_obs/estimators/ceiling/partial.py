@@ -110,8 +110,7 @@ class RunPartial:
         kn = {k: np.concatenate([p[k] for p in self.known])[order] for k in self.known[0] if k != "order"}
         return ceiling_stats.validate_parts(
             self.all_sums, kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"],
-            category=np.asarray(CATEGORIES, dtype=object)[kn["category"]],
-            workload=kn["workload"], greedy=kn["greedy"])
+            category=kn["category"], category_names=CATEGORIES, workload=kn["workload"], greedy=kn["greedy"])
 
 
 def merge_partials(parts: list[RunPartial]) -> RunPartial:
