@@ -93,6 +93,26 @@ def test_jobs_is_for_the_local_engine():
     assert result.exit_code != 0
 
 
+def test_one_job_is_one_core(generated, monkeypatch):
+    """``--jobs 1`` runs in this process with DuckDB on one thread, as each of N workers does: N jobs, N cores."""
+    import duckdb
+
+    from dspark_obs import sql
+    from dspark_obs.engine_options import engine_for
+
+    def threads() -> int:
+        return sql.connect(generated.root).sql("SELECT current_setting('threads')").fetchall()[0][0]
+
+    monkeypatch.setattr(sql, "WORKER_THREADS", None)
+    assert threads() == duckdb.connect().sql("SELECT current_setting('threads')").fetchall()[0][0]
+    result = CliRunner().invoke(app, ["estimate", "--data", str(generated.root), "--run", "bench", "--jobs", "1",
+                                      "--bootstrap", "0"])
+    assert result.exit_code == 0, result.output
+    assert sql.WORKER_THREADS is None   # the command's end gave the caller its threads back
+    assert engine_for("local", None, None, 1) is None
+    assert threads() == 1
+
+
 def test_the_command_s_workers_end_with_it(generated):
     import multiprocessing
 
