@@ -264,6 +264,16 @@ def _summary_values(root: str) -> np.ndarray:
                      for r in rows])
 
 
+def _validation_values(root: str) -> np.ndarray:
+    """The run's ``ceiling_validation`` numbers, groups in order (NaN where a row has none)."""
+    from dspark_obs.store import Store
+
+    rows = sorted(Store(root).read("ceiling_validation", "bench").to_pylist(),
+                  key=lambda r: (r["group_kind"], r["group"]))
+    keys = sorted({k for r in rows for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return np.array([[float(r[k]) if isinstance(r.get(k), (int, float)) else np.nan for k in keys] for r in rows])
+
+
 def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1, 2),
                  baseline_root: str | None = None) -> dict:
     """Both codes' ``estimate`` on ``root``, interleaved (the order flips each round); medians per code and jobs.
@@ -282,7 +292,8 @@ def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1,
                 runs[(name, j)].append(_estimate_once(trees[name], roots[name], j))
                 print(f"  round {i + 1} {name} --jobs {j}: {runs[(name, j)][-1]}", flush=True)
             if i == repeat - 1 or i == repeat - 2:
-                columns[name] = {**_ceiling_columns(roots[name]), "summary": _summary_values(roots[name])}
+                columns[name] = {**_ceiling_columns(roots[name]), "summary": _summary_values(roots[name]),
+                                 "validation": _validation_values(roots[name])}
     rows = _store_rows(root)
     if _store_rows(roots["before"]) != rows:
         raise ValueError(f"the baseline's store {roots['before']} holds other data than {root}")
@@ -300,9 +311,13 @@ def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1,
         out["after.jobs_wall_gain"] = round(out[f"after.jobs{jobs[0]}"]["wall_s"] / out[f"after.jobs{jobs[-1]}"]["wall_s"], 2)
     out["max_abs_diff"] = {c: float(np.nanmax(np.abs(columns["before"][c] - columns["after"][c]), initial=0.0))
                            for c in ("lo", "mid", "hi")}
-    a, b = columns["before"]["summary"], columns["after"]["summary"]
-    out["summary_max_rel_diff"] = (float(np.max(np.abs(a - b) / np.maximum(np.maximum(np.abs(a), np.abs(b)), 1e-300),
-                                                initial=0.0)) if a.shape == b.shape else float("inf"))
+    for table in ("summary", "validation"):
+        a, b = columns["before"][table], columns["after"][table]
+        same_nan = a.shape == b.shape and bool((np.isnan(a) == np.isnan(b)).all())
+        a, b = np.nan_to_num(a), np.nan_to_num(b)
+        out[f"{table}_max_rel_diff"] = (float(np.max(np.abs(a - b) / np.maximum(np.maximum(np.abs(a), np.abs(b)),
+                                                                                1e-300), initial=0.0))
+                                        if same_nan else float("inf"))
     return out
 
 

@@ -35,7 +35,7 @@ from dspark_obs.estimators.ceiling.inputs import (
     sglang_arrays,
     truth_of,
 )
-from dspark_obs.estimators.ceiling.partial import RunPartial, RunTotals, rid_positions, workload_labels
+from dspark_obs.estimators.ceiling.partial import RunPartial, RunTotals, rid_positions, workload_codes
 from dspark_obs.estimators.ceiling.prior import fit_acceptance_parts, fit_binned_parts
 from dspark_obs.estimators.ceiling.walk import CATEGORIES
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_parts, sample_requests
@@ -310,7 +310,8 @@ def _estimate_chunk(con, run_id: str, x: ChunkInputs, chunk: Chunk, *, mode: str
                            method=method, model=model.acceptance, drafter=model.drafter,
                            use_drafter=model.use_drafter, binned_prior=model.binned)
     ceiling = _ceiling_table(x.steps, est, x, method)
-    workload = workload_labels(x.steps)
+    workload_names, workload_code = workload_codes(x.steps)
+    workload = workload_names[workload_code]
     truth, source = truth_of(con, run_id, x.steps, mode, companion, chunk)
     censored = est.walk.censored
     emu = np.where(censored, column_array(x.steps, "emu_expected_given_window", np.float64, np.nan), np.nan)
@@ -319,7 +320,7 @@ def _estimate_chunk(con, run_id: str, x: ChunkInputs, chunk: Chunk, *, mode: str
     # Truths count drafts and the emulator's expectation is stored as float32: both are exact in float32.
     kept = {"lo": est.lo[base], "mid": est.mid[base], "hi": est.hi[base], "truth": truth[base].astype(np.float32),
             "emu": emu[base].astype(np.float32), "category": est.walk.category[base],
-            "workload": workload[base], "greedy": x.greedy[base]}
+            "workload": workload_code[base], "workload_names": workload_names, "greedy": x.greedy[base]}
     return _ChunkResult(ceiling, workload, {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
                         ceiling_stats.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), kept, base,
                         source)

@@ -106,11 +106,20 @@ class RunPartial:
     def validation_rows(self) -> list[dict]:
         if not self.known or self.all_sums is None:
             return []
-        order = np.argsort(np.concatenate([p["order"] for p in self.known]), kind="stable")   # by request, then as read
-        kn = {k: np.concatenate([p[k] for p in self.known])[order] for k in self.known[0] if k != "order"}
+        at = np.concatenate([p["order"] for p in self.known])
+        # by request, then as read: chunks and shards come in rid order, so this is mostly the order they came in
+        order = None if (at[1:] >= at[:-1]).all() else np.argsort(at, kind="stable")
+        kn = {k: np.concatenate([p[k] for p in self.known]) for k in self.known[0]
+              if k not in ("order", "workload", "workload_names")}
+        names = np.unique(np.concatenate([np.asarray(p["workload_names"], dtype=str) for p in self.known]))
+        kn["workload"] = np.concatenate([np.searchsorted(names, np.asarray(p["workload_names"], dtype=str))
+                                         .astype(np.int32)[p["workload"]] for p in self.known])
+        if order is not None:
+            kn = {k: v[order] for k, v in kn.items()}
         return ceiling_stats.validate_parts(
             self.all_sums, kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"],
-            category=kn["category"], category_names=CATEGORIES, workload=kn["workload"], greedy=kn["greedy"])
+            category=kn["category"], category_names=CATEGORIES, workload=kn["workload"], workload_names=names,
+            greedy=kn["greedy"])
 
 
 def merge_partials(parts: list[RunPartial]) -> RunPartial:
@@ -131,10 +140,16 @@ def merge_partials(parts: list[RunPartial]) -> RunPartial:
     return out
 
 
-def workload_labels(steps: pa.Table) -> np.ndarray:
-    """The steps' workload labels (``unknown`` where the request has none), as an object array that holds
-    one string per workload: the censored steps' labels are kept until the run's validation, and a
-    string per step (what ``to_numpy`` makes) grew the estimate by ~100 bytes a step."""
+def workload_codes(steps: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """``(names, codes)``: the steps' workloads (``unknown`` where the request has none) as names and each
+    step's index among them; the censored steps' codes are kept until the run's validation (a label per
+    step was ~100 bytes, and its pickle and hash dominated the validation)."""
     encoded = pc.dictionary_encode(pc.fill_null(steps.column("workload"), "unknown").combine_chunks())
     names = np.asarray(encoded.dictionary.to_pylist() + [None], dtype=object)[:-1]   # 1-D even for one name
-    return names[encoded.indices.to_numpy(zero_copy_only=False)]
+    return names, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
+
+
+def workload_labels(steps: pa.Table) -> np.ndarray:
+    """The steps' workload labels, as an object array that holds one string per workload."""
+    names, codes = workload_codes(steps)
+    return names[codes]

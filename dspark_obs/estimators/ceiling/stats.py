@@ -297,7 +297,8 @@ def stat_sums(lo, mid, hi, truth, emu, mask, per_step) -> dict:
     has_t = mask & ~np.isnan(truth)
     has_e = mask & ~np.isnan(emu)
     per_step = np.broadcast_to(np.asarray(per_step, dtype=bool), has_t.shape)
-    return _sums_of(*(a[has_t] for a in (lo, mid, hi, truth, per_step)), *(a[has_e] for a in (lo, mid, hi, emu)))
+    return {**_truth_sums(lo[has_t], mid[has_t], hi[has_t], truth[has_t], per_step[has_t]),
+            **_emu_sums(lo[has_e], mid[has_e], hi[has_e], emu[has_e])}
 
 
 def add_stat_sums(a: dict | None, b: dict) -> dict:
@@ -366,27 +367,24 @@ def validate(
 
 
 def validate_parts(all_steps: dict, lo, mid, hi, truth, emu, *, category, workload, greedy,
-                   n_bins: int = N_BINS, category_names=None) -> list[dict]:
+                   n_bins: int = N_BINS, category_names=None, workload_names=None) -> list[dict]:
     """:func:`validate` from the sums over every step with a truth (:func:`stat_sums`, added
     over chunks) and the censored steps with a truth or an expectation, in run order.
 
-    ``category`` holds labels, or codes into ``category_names`` when that is given (no string per step).
+    ``category`` and ``workload`` hold labels, or codes into ``category_names`` / ``workload_names`` when
+    those are given (no string per step).
     """
     if not (all_steps["n"] or all_steps["emu_n"]):
         return []
-    lo, mid, hi, truth, emu = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi, truth, emu))
-    greedy = np.asarray(greedy, dtype=bool)
-    known = _KnownSteps.of(lo, mid, hi, truth, emu, greedy)
+    lo, mid, hi = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi))
+    truth, emu = (np.asarray(x) if np.asarray(x).dtype.kind == "f" else np.asarray(x, np.float64) for x in (truth, emu))
+    known = _KnownSteps(lo, mid, hi, truth, emu, np.asarray(greedy, dtype=bool))
     rows = [{"group_kind": "all_steps", "group": ALL, **_from_sums(all_steps)},
-            {"group_kind": "overall", "group": ALL, **_from_sums(_sums_of(*known.with_truth, *known.with_emu))}]
-    sampling = (np.array(["greedy", "temperature"]), (~greedy).astype(np.int8))   # the names sorted, as text
-    if category_names is None:
-        category = _label_codes(category)
-    else:
-        names, of_name = np.unique(np.asarray(category_names, dtype=str), return_inverse=True)
-        category = (names, of_name.reshape(-1)[np.asarray(category, dtype=np.int64)])
-    for kind, (names, codes) in (("sampling", sampling), ("category", category),
-                                 ("workload", _label_codes(workload))):
+            {"group_kind": "overall", "group": ALL, **_from_sums(known.sums_by_code(np.zeros(lo.size, np.int8), 1,
+                                                                                     every=True)[0][1])}]
+    sampling = (np.array(["greedy", "temperature"]), (~known.greedy).astype(np.int8))   # the names sorted, as text
+    for kind, (names, codes) in (("sampling", sampling), ("category", _coded(category, category_names)),
+                                 ("workload", _coded(workload, workload_names))):
         for code, sums in known.sums_by_code(codes, names.size):
             rows.append({"group_kind": kind, "group": str(names[code]), **_from_sums(sums)})
     if lo.size:
@@ -396,58 +394,63 @@ def validate_parts(all_steps: dict, lo, mid, hi, truth, emu, *, category, worklo
     return rows
 
 
-@dataclass(frozen=True)
+def _coded(labels, names) -> tuple[np.ndarray, np.ndarray]:
+    """``(names, codes)`` as :func:`_label_codes` gives them, of labels, or of codes into ``names``."""
+    if names is None:
+        return _label_codes(labels)
+    text, of_name = np.unique(np.asarray(names, dtype=str), return_inverse=True)
+    return text, of_name.reshape(-1)[np.asarray(labels, dtype=np.int64)]
+
+
 class _KnownSteps:
-    """The steps with a truth (``*_t``) and those with an expectation (``*_e``), each compressed once, for the
-    :func:`stat_sums` of many groups of them (:meth:`sums_by_code`)."""
+    """Censored steps, for the :func:`stat_sums` of many groups of them (:meth:`sums_by_code`): where the
+    steps with a truth and those with an expectation are, found once."""
 
-    has_t: np.ndarray
-    has_e: np.ndarray
-    with_truth: tuple    # lo, mid, hi, truth, per_step of the steps with a truth
-    with_emu: tuple      # lo, mid, hi, emu of the steps with an expectation
+    def __init__(self, lo, mid, hi, truth, emu, greedy) -> None:
+        self.lo, self.mid, self.hi, self.truth, self.emu, self.greedy = lo, mid, hi, truth, emu, greedy
+        self.with_truth = np.flatnonzero(~np.isnan(truth))
+        self.with_emu = np.flatnonzero(~np.isnan(emu))
 
-    @classmethod
-    def of(cls, lo, mid, hi, truth, emu, per_step) -> "_KnownSteps":
-        has_t, has_e = ~np.isnan(truth), ~np.isnan(emu)
-        return cls(has_t, has_e, tuple(a[has_t] for a in (lo, mid, hi, truth, per_step)),
-                   tuple(a[has_e] for a in (lo, mid, hi, emu)))
+    def sums_by_code(self, codes: np.ndarray, n_codes: int, *, every: bool = False) -> list[tuple[int, dict]]:
+        """``(code, stat_sums of its steps)`` for each code present (ascending; ``every``: each code).
 
-    def sums_by_code(self, codes: np.ndarray, n_codes: int) -> list[tuple[int, dict]]:
-        """``(code, stat_sums of its steps)`` for each code present (ascending), in one pass over the steps.
-
-        The steps are put in code order stably, so each code's steps are one slice in their own order:
-        every sum adds the same numbers in the same order as :func:`stat_sums` over a mask of that code
-        (the same floats, bit for bit), at the cost of one pass instead of one per code.
+        Each code's steps are taken in their own order (a stable sort by code), so every sum adds the same
+        numbers in the same order as :func:`stat_sums` over a mask of that code: the same floats, bit for
+        bit, in one pass over the steps instead of one per code.  The steps with a truth and those with an
+        expectation are gathered one side at a time (memory: one side's columns, not every group's).
         """
         codes = np.asarray(codes, dtype=np.int16 if n_codes < 2**15 else np.int64)   # 16 bits: a radix sort
-        t_cols, t_bounds = _by_code(codes[self.has_t], n_codes, self.with_truth)
-        e_cols, e_bounds = _by_code(codes[self.has_e], n_codes, self.with_emu)
         present = np.bincount(codes, minlength=n_codes) > 0 if codes.size else np.zeros(n_codes, dtype=bool)
-        out = []
-        for code in np.flatnonzero(present).tolist():
-            t = slice(t_bounds[code], t_bounds[code + 1])
-            e = slice(e_bounds[code], e_bounds[code + 1])
-            out.append((code, _sums_of(*(c[t] for c in t_cols), *(c[e] for c in e_cols))))
-        return out
+        wanted = range(n_codes) if every else np.flatnonzero(present).tolist()
+        truth_sums = _side_sums(codes, n_codes, self.with_truth, (self.lo, self.mid, self.hi, self.truth, self.greedy),
+                                _truth_sums, wanted)
+        emu_sums = _side_sums(codes, n_codes, self.with_emu, (self.lo, self.mid, self.hi, self.emu), _emu_sums, wanted)
+        return [(code, {**t, **e}) for code, t, e in zip(wanted, truth_sums, emu_sums)]
 
 
-def _by_code(codes: np.ndarray, n_codes: int, columns: tuple) -> tuple[list, list]:
-    """``columns`` in stable code order, and where each code's slice starts (``n_codes + 1`` bounds)."""
-    order = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[order], np.arange(n_codes + 1)).tolist()
-    return [c[order] for c in columns], bounds
+def _side_sums(codes: np.ndarray, n_codes: int, at: np.ndarray, columns: tuple, sums, wanted) -> list[dict]:
+    """``sums`` of the steps ``at`` of each wanted code: ``columns`` gathered in stable code order, each
+    code's steps one slice (floats widened to float64 as :func:`stat_sums` sums them)."""
+    of_side = codes[at]
+    order = np.argsort(of_side, kind="stable")
+    bounds = np.searchsorted(of_side[order], np.arange(n_codes + 1)).tolist()
+    rows = at[order]
+    del of_side, order
+    gathered = [c[rows].astype(np.float64, copy=False) if c.dtype.kind == "f" else c[rows] for c in columns]
+    return [sums(*(c[bounds[code]:bounds[code + 1]] for c in gathered)) for code in wanted]
 
 
-def _sums_of(lo_t, mid_t, hi_t, t, per_step_t, lo_e, mid_e, hi_e, e) -> dict:
-    """:func:`stat_sums` of steps given as those with a truth and those with an expectation."""
+def _truth_sums(lo_t, mid_t, hi_t, t, per_step_t) -> dict:
+    """The sums over steps with a truth: their count, bounds, truth, bias; MAE and coverage over ``per_step``."""
     exact_t = np.asarray(per_step_t, dtype=bool)
-    out: dict = {"n": int(t.size), "emu_n": int(e.size), "coverage_n": int(exact_t.sum())}
-    for col, at_t, at_e in (("lo", lo_t, lo_e), ("mid", mid_t, mid_e), ("hi", hi_t, hi_e)):
-        out[col] = at_t.sum()
-        out[f"emu_{col}"] = at_e.sum()
     x = t[exact_t]
-    out.update(truth=t.sum(), bias=(mid_t - t).sum(), mae=np.abs(mid_t[exact_t] - x).sum(),
-               coverage=int(((lo_t[exact_t] <= x + 1e-9) & (x <= hi_t[exact_t] + 1e-9)).sum()),
-               emu=e.sum(), emu_bias=(mid_e - e).sum(), emu_mae=np.abs(mid_e - e).sum(),
-               emu_coverage=int(((lo_e <= e + 1e-6) & (e <= hi_e + 1e-6)).sum()))
-    return out
+    return {"n": int(t.size), "coverage_n": int(exact_t.sum()), "lo": lo_t.sum(), "mid": mid_t.sum(),
+            "hi": hi_t.sum(), "truth": t.sum(), "bias": (mid_t - t).sum(), "mae": np.abs(mid_t[exact_t] - x).sum(),
+            "coverage": int(((lo_t[exact_t] <= x + 1e-9) & (x <= hi_t[exact_t] + 1e-9)).sum())}
+
+
+def _emu_sums(lo_e, mid_e, hi_e, e) -> dict:
+    """The sums over steps with the emulator's expectation."""
+    return {"emu_n": int(e.size), "emu_lo": lo_e.sum(), "emu_mid": mid_e.sum(), "emu_hi": hi_e.sum(), "emu": e.sum(),
+            "emu_bias": (mid_e - e).sum(), "emu_mae": np.abs(mid_e - e).sum(),
+            "emu_coverage": int(((lo_e <= e + 1e-6) & (e <= hi_e + 1e-6)).sum())}
