@@ -172,7 +172,7 @@ def memory_connection(steps: pa.Table, step_reqs: pa.Table, *, run_id: str, gamm
     function made), the tables are swapped in place, which is much cheaper.
     """
     fresh = con is None
-    con = duckdb.connect() if fresh else con
+    con = sqlmod.open_database() if fresh else con
     tables = {
         "steps": _with_run(steps, run_id), "step_reqs": _with_run(step_reqs, run_id),
         "runs": pa.table({"run_id": [run_id], "gamma": pa.array([gamma], pa.int32()),

@@ -14,9 +14,12 @@ worker that holds the data, hence no ``concurrent.futures``).
 
 The workers fork in :meth:`ProcessEngine.start`, before the command opens DuckDB,
 after importing the modules the tasks run, so a worker starts with nothing to
-import; a process that has already loaded DuckDB (a library caller, a test
-session) spawns them instead — a forked child would inherit the database's
-threads mid-flight.  A run that fits in one chunk gains nothing from processes
+import; a process that has already opened a DuckDB database through the package
+(:func:`dspark_obs.sql.open_database`: a library caller, a test session) spawns them
+instead — a forked child would inherit the database's threads mid-flight.  (Until
+2026-12-06 the test was whether DuckDB was *imported*, which every command does
+first: the commands' workers were always spawned, each importing the package again,
+and the first task waited ~0.6 s for it.)  A run that fits in one chunk gains nothing from processes
 and runs in this one (``min_chunks``), where it gets the one-pass figures.
 """
 
@@ -204,14 +207,17 @@ class ProcessEngine:
     jobs: int
     preload: tuple = ()
     min_chunks: int = 2             # runs of fewer chunks stay in this process (their one-pass figures)
+    start_method: str | None = None  # how its workers started: fork (modules loaded) or spawn
     _workers: list | None = field(default=None, repr=False)
 
     def start(self) -> "ProcessEngine":
         if self._workers is not None:
             return self
-        # Fork (workers that start with the modules loaded) only before this process has used DuckDB, whose
-        # threads a forked child would inherit mid-flight; else spawn fresh interpreters.
-        fork = "fork" in multiprocessing.get_all_start_methods() and "duckdb" not in sys.modules
+        # Fork (workers that start with the modules loaded) only before this process has opened a DuckDB
+        # database, whose threads a forked child would inherit mid-flight; else spawn fresh interpreters.
+        # (Importing DuckDB starts no thread: the commands import it before they start their workers.)
+        fork = "fork" in multiprocessing.get_all_start_methods() and not sql.database_opened()
+        self.start_method = "fork" if fork else "spawn"
         for name in self.preload if fork else ():
             importlib.import_module(name)
         context = multiprocessing.get_context("fork" if fork else "spawn")

@@ -33,7 +33,7 @@ from dspark_obs.sql_statements import check_statement
 from dspark_obs.store import PART_GLOB, Store, is_url
 
 __all__ = [
-    "QueryTimeout", "connect", "refresh", "canned_queries", "query", "format_result", "quote_ident",
+    "QueryTimeout", "open_database", "database_opened", "connect", "refresh", "canned_queries", "query", "format_result", "quote_ident",
 ]
 
 SQL_DIR = Path(__file__).with_name("sql")
@@ -65,6 +65,23 @@ WORKER_THREADS: int | None = None
 as its siblings take the other cores."""
 
 
+_OPENED = False
+
+
+def open_database(config: dict | None = None) -> duckdb.DuckDBPyConnection:
+    """A fresh in-memory DuckDB.  Every database the package opens comes from here, so that
+    :func:`database_opened` can tell whether this process may hold DuckDB's threads (which a forked
+    ``--jobs`` worker must not inherit mid-flight)."""
+    global _OPENED
+    _OPENED = True
+    return duckdb.connect(":memory:", config=config or {})
+
+
+def database_opened() -> bool:
+    """Whether this process has opened a DuckDB database through :func:`open_database`."""
+    return _OPENED
+
+
 def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB with one view per store table, plus ``step_reqs_w`` and table macros.
 
@@ -93,7 +110,7 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     if any(ch in root_text for ch in "*?[]{}'"):
         raise ValueError(f"data root {root_text!r} contains a glob or quote character; "
                          "move the store to a plain path")
-    con = duckdb.connect(":memory:", config={"threads": WORKER_THREADS} if WORKER_THREADS else {})
+    con = open_database({"threads": WORKER_THREADS} if WORKER_THREADS else None)
     con.execute("SET TimeZone = 'UTC'")  # the store is UTC; show it so on every machine
     if remote:
         con.register_filesystem(fsspec_filesystem(store))

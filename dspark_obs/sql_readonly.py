@@ -75,7 +75,7 @@ def open_connection(root: str | Path) -> duckdb.DuckDBPyConnection:
     local = not is_url(root)
     if local:
         quarantine.sweep(root)  # a truncated file is moved aside, not fatal to the query
-    con = duckdb.connect(":memory:")
+    con = sqlmod.open_database()
     try:
         con.execute("SET TimeZone = 'UTC'")
         for table in schema.TABLES:

@@ -4,6 +4,7 @@ summaries and bootstrap CIs to the order of float additions), and the options ch
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -91,6 +92,22 @@ def test_jobs_is_for_the_local_engine():
     assert result.exit_code != 0 and "--jobs sizes the local engine" in " ".join(result.output.split())
     result = CliRunner().invoke(app, ["calibrate", "--data", ".", "--run", "x", "--jobs", "0"])
     assert result.exit_code != 0
+
+
+def test_a_command_s_workers_fork_with_its_modules_loaded(tmp_path):
+    """A process that imported DuckDB but opened no database forks its workers (they start with the modules
+    loaded); one that opened a database spawns them (a forked child would inherit its threads)."""
+    import subprocess
+    import sys
+
+    script = ("from dspark_obs import sql\n"
+              "from dspark_obs.process_engine import ProcessEngine\n"
+              "e = ProcessEngine(2, preload=('dspark_obs.estimators.ceiling.ray',)).start(); print(e.start_method)\n"
+              "e.close(); sql.connect(sys.argv[1])\n"
+              "e = ProcessEngine(2).start(); print(e.start_method); e.close()\n")
+    out = subprocess.run([sys.executable, "-c", "import sys\n" + script, str(tmp_path)], capture_output=True,
+                         text=True, check=True, cwd=str(Path(__file__).resolve().parents[1])).stdout.split()
+    assert out == ["fork", "spawn"]
 
 
 def test_one_job_is_one_core(generated, monkeypatch):
