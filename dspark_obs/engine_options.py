@@ -23,7 +23,7 @@ RAY_ADDRESS = typer.Option(None, "--ray-address", help="With --engine ray: the c
 RAY_WORKERS = typer.Option(None, "--ray-workers", min=1, help="With --engine ray and no --ray-address: CPUs of "
                            "the local Ray, one task each (default: all cores).")
 JOBS = typer.Option(None, "--jobs", "-j", min=1, help="With --engine local: cores to use, one process each, the "
-                    "run's chunks split as --engine ray does (--jobs 1: this process alone, DuckDB on one thread); "
+                    "run's chunks split as --engine ray does (--jobs 1: this process alone, on one thread); "
                     "same tables as --jobs 1 (default: all cores).")
 PRELOAD = {"estimate": ("dspark_obs.sql", "dspark_obs.estimators.ceiling.ray"),
            "calibrate": ("dspark_obs.sql", "dspark_obs.estimators.calibration.ray")}
@@ -38,7 +38,7 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs
     """The engine the options ask for, started: a :class:`~dspark_obs.ray_engine.RayEngine`, a
     :class:`~dspark_obs.process_engine.ProcessEngine` of ``jobs`` processes (default: all cores; its
     workers fork after importing ``preload``, and end when the command's ``ctx`` closes), or None for one
-    process, whose DuckDB then takes one thread until ``ctx`` closes (one job, one core)."""
+    process, which then takes one core until ``ctx`` closes (:func:`~dspark_obs.process_engine.one_core`)."""
     # at call time: the CLI imports this module to declare its options; each engine loads for its command
     from dspark_obs.ray_engine import ENGINES, RayEngine, RayUnavailable
 
@@ -51,12 +51,12 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs
 
         jobs = default_jobs() if jobs is None else jobs
         if jobs <= 1:
-            # One job, one core: this process, its DuckDB on one thread, as each of N workers' is.
-            from dspark_obs import sql
+            # One job, one core: this process, as each of N workers is (DuckDB, BLAS, Arrow on one thread).
+            from dspark_obs.process_engine import one_core
 
-            before, sql.WORKER_THREADS = sql.WORKER_THREADS, 1
+            undo = one_core()
             if ctx is not None:   # the command's end restores it (a caller that runs several commands)
-                ctx.call_on_close(lambda: setattr(sql, "WORKER_THREADS", before))
+                ctx.call_on_close(undo)
             return None
         pool = ProcessEngine(jobs, preload=preload).start()
         if ctx is not None:

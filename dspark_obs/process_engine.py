@@ -38,7 +38,7 @@ from typing import Callable
 
 from dspark_obs import sql
 
-__all__ = ["ProcessEngine", "WorkerPool", "default_jobs"]
+__all__ = ["ProcessEngine", "WorkerPool", "default_jobs", "one_core"]
 
 
 def default_jobs() -> int:
@@ -49,14 +49,37 @@ def default_jobs() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def one_core() -> Callable[[], None]:
+    """This process on one core, as a ``--jobs`` worker, a Ray task and ``--jobs 1`` run: DuckDB connections
+    it opens from now on, BLAS and Arrow's pool each on one thread.  Returns what undoes it.
+
+    A second thread per process only oversubscribes the cores its siblings hold (calibrate's bootstrap
+    products kept 1.35 cores busy in one process through OpenBLAS alone).
+    """
+    import pyarrow as pa
+    from threadpoolctl import threadpool_limits  # at call time: it inspects the loaded BLAS libraries
+
+    threads, arrow = sql.WORKER_THREADS, pa.cpu_count()
+    sql.WORKER_THREADS = 1
+    pa.set_cpu_count(1)
+    blas = threadpool_limits(limits=1, user_api="blas")
+
+    def undo() -> None:
+        sql.WORKER_THREADS = threads
+        pa.set_cpu_count(arrow)
+        blas.restore_original_limits()
+
+    return undo
+
+
 def _serve(conn) -> None:
     """A worker: run each ``(kind, fn, args)`` it is sent and send back ``(ok, value, traceback)``.
 
     ``load`` keeps ``fn(*args)`` as the worker's state, ``apply`` runs ``fn(state, *args)``, ``call``
-    runs ``fn(*args)``; ``None`` (or the command's end) stops it.  Its DuckDB takes one core: its
+    runs ``fn(*args)``; ``None`` (or the command's end) stops it.  It takes one core (:func:`one_core`): its
     siblings have the others.
     """
-    sql.WORKER_THREADS = 1
+    one_core()
     state = None
     while True:
         try:

@@ -111,11 +111,19 @@ def test_a_command_s_workers_fork_with_its_modules_loaded(tmp_path):
 
 
 def test_one_job_is_one_core(generated, monkeypatch):
-    """``--jobs 1`` runs in this process with DuckDB on one thread, as each of N workers does: N jobs, N cores."""
+    """``--jobs 1`` runs in this process on one thread (DuckDB, BLAS, Arrow), as each of N workers does: N jobs,
+    N cores; the command's end gives the caller its threads back."""
     import duckdb
+    import pyarrow as pa
+    from threadpoolctl import threadpool_info
 
     from dspark_obs import sql
     from dspark_obs.engine_options import engine_for
+
+    def blas() -> list:
+        return [lib["num_threads"] for lib in threadpool_info() if lib["user_api"] == "blas"]
+
+    arrow, blas_threads = pa.cpu_count(), blas()
 
     def threads() -> int:
         return sql.connect(generated.root).sql("SELECT current_setting('threads')").fetchall()[0][0]
@@ -125,9 +133,15 @@ def test_one_job_is_one_core(generated, monkeypatch):
     result = CliRunner().invoke(app, ["estimate", "--data", str(generated.root), "--run", "bench", "--jobs", "1",
                                       "--bootstrap", "0"])
     assert result.exit_code == 0, result.output
-    assert sql.WORKER_THREADS is None   # the command's end gave the caller its threads back
+    assert sql.WORKER_THREADS is None and pa.cpu_count() == arrow and blas() == blas_threads
     assert engine_for("local", None, None, 1) is None
-    assert threads() == 1
+    try:
+        assert threads() == 1 and pa.cpu_count() == 1 and set(blas()) <= {1}
+    finally:
+        pa.set_cpu_count(arrow)
+        from threadpoolctl import threadpool_limits
+
+        threadpool_limits(limits=blas_threads[0] if blas_threads else None, user_api="blas")
 
 
 def test_the_command_s_workers_end_with_it(generated):

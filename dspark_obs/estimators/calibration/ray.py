@@ -10,6 +10,7 @@ bootstrap reweightings, which add.
 from __future__ import annotations
 
 from dspark_obs import sql as sqlmod
+from dspark_obs.process_engine import one_core
 from dspark_obs.estimators.calibration import chunks
 from dspark_obs.estimators.chunks import split_chunks
 
@@ -35,7 +36,7 @@ def accumulate(engine, con, reads: "chunks.RunReads", *, specs: dict, edges: dic
 
 
 def _task(root, reads, shard_chunks, specs, edges, n_bootstrap, seed, rows):
-    sqlmod.WORKER_THREADS = 1   # a task takes one CPU (num_cpus=1): its DuckDB one thread, as a --jobs worker's
+    one_core()   # a task takes one CPU (num_cpus=1), as a --jobs worker does
     sums = chunks.accumulate_chunks(sqlmod.connect(root), reads, shard_chunks, specs=specs, edges=edges,
                                     n_bootstrap=n_bootstrap, seed=seed)
     return sums, rows

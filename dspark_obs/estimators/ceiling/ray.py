@@ -20,6 +20,7 @@ import secrets
 import pyarrow as pa
 
 from dspark_obs import sql as sqlmod
+from dspark_obs.process_engine import one_core
 from dspark_obs.estimators.ceiling import io as ceiling_io
 from dspark_obs.estimators.ceiling.fit_parts import map_parts
 from dspark_obs.estimators.ceiling.partial import merge_partials
@@ -95,8 +96,8 @@ def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstr
 
 
 def _one_core() -> None:
-    """An actor takes one CPU: its DuckDB one thread (as a ``--jobs`` worker's)."""
-    sqlmod.WORKER_THREADS = 1
+    """An actor takes one CPU, as a ``--jobs`` worker does."""
+    one_core()
 
 
 def _load_parts(root: str, plan: "ceiling_io.RunPlan", chunks: list) -> list:
