@@ -22,7 +22,7 @@ from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.ceiling import stats as ceiling_stats
 from dspark_obs.estimators.ceiling.walk import CATEGORIES
 
-__all__ = ["RunTotals", "RunPartial", "merge_partials", "rid_positions"]
+__all__ = ["RunTotals", "RunPartial", "merge_partials", "rid_positions", "workload_codes"]
 
 
 def rid_positions(run_rids: list):
@@ -147,9 +147,3 @@ def workload_codes(steps: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     encoded = pc.dictionary_encode(pc.fill_null(steps.column("workload"), "unknown").combine_chunks())
     names = np.asarray(encoded.dictionary.to_pylist() + [None], dtype=object)[:-1]   # 1-D even for one name
     return names, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)
-
-
-def workload_labels(steps: pa.Table) -> np.ndarray:
-    """The steps' workload labels, as an object array that holds one string per workload."""
-    names, codes = workload_codes(steps)
-    return names[codes]

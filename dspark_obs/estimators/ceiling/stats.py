@@ -12,6 +12,7 @@ so utilisation = mean acc_len / mean ceiling accept length.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -324,10 +325,6 @@ def _from_sums(s: dict) -> dict:
     return row
 
 
-def _stats(lo, mid, hi, truth, emu, mask, per_step) -> dict:
-    return _from_sums(stat_sums(lo, mid, hi, truth, emu, mask, per_step))
-
-
 def validate(
     lo: np.ndarray,
     mid: np.ndarray,
@@ -377,7 +374,8 @@ def validate_parts(all_steps: dict, lo, mid, hi, truth, emu, *, category, worklo
     if not (all_steps["n"] or all_steps["emu_n"]):
         return []
     lo, mid, hi = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi))
-    truth, emu = (np.asarray(x) if np.asarray(x).dtype.kind == "f" else np.asarray(x, np.float64) for x in (truth, emu))
+    # truths stay as kept (float32 counts): widened where they are gathered, as stat_sums sums them
+    truth, emu = (np.asarray(x, dtype=None if np.asarray(x).dtype.kind == "f" else np.float64) for x in (truth, emu))
     known = _KnownSteps(lo, mid, hi, truth, emu, np.asarray(greedy, dtype=bool))
     rows = [{"group_kind": "all_steps", "group": ALL, **_from_sums(all_steps)},
             {"group_kind": "overall", "group": ALL, **_from_sums(known.sums_by_code(np.zeros(lo.size, np.int8), 1,
@@ -428,16 +426,17 @@ class _KnownSteps:
         return [(code, {**t, **e}) for code, t, e in zip(wanted, truth_sums, emu_sums)]
 
 
-def _side_sums(codes: np.ndarray, n_codes: int, at: np.ndarray, columns: tuple, sums, wanted) -> list[dict]:
-    """``sums`` of the steps ``at`` of each wanted code: ``columns`` gathered in stable code order, each
-    code's steps one slice (floats widened to float64 as :func:`stat_sums` sums them)."""
+def _side_sums(codes: np.ndarray, n_codes: int, at: np.ndarray, columns: tuple, summed: Callable[..., dict],
+               wanted) -> list[dict]:
+    """``summed(*columns)`` over the steps ``at`` of each wanted code: ``columns`` gathered in stable code
+    order, each code's steps one slice (floats widened to float64, as :func:`stat_sums` sums them)."""
     of_side = codes[at]
     order = np.argsort(of_side, kind="stable")
     bounds = np.searchsorted(of_side[order], np.arange(n_codes + 1)).tolist()
-    rows = at[order]
+    taken = at[order]
     del of_side, order
-    gathered = [c[rows].astype(np.float64, copy=False) if c.dtype.kind == "f" else c[rows] for c in columns]
-    return [sums(*(c[bounds[code]:bounds[code + 1]] for c in gathered)) for code in wanted]
+    gathered = [c[taken].astype(np.float64, copy=False) if c.dtype.kind == "f" else c[taken] for c in columns]
+    return [summed(*(c[bounds[code]:bounds[code + 1]] for c in gathered)) for code in wanted]
 
 
 def _truth_sums(lo_t, mid_t, hi_t, t, per_step_t) -> dict:
