@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Callable
 
+import pyarrow as pa
+
 from dspark_obs import sql
 
 __all__ = ["ProcessEngine", "WorkerPool", "default_jobs", "one_core"]
@@ -56,7 +58,6 @@ def one_core() -> Callable[[], None]:
     A second thread per process only oversubscribes the cores its siblings hold (calibrate's bootstrap
     products kept 1.35 cores busy in one process through OpenBLAS alone).
     """
-    import pyarrow as pa
     from threadpoolctl import threadpool_limits  # at call time: it inspects the loaded BLAS libraries
 
     threads, arrow = sql.WORKER_THREADS, pa.cpu_count()
