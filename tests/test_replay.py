@@ -7,6 +7,7 @@ import json
 
 import msgspec
 import numpy as np
+import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
@@ -130,6 +131,21 @@ def test_a_steps_rows_replay_in_batch_order_whatever_the_file_order(con, runs, t
         same = all(np.array_equal(getattr(got, name), getattr(log, name))
                    for name in ("row_ptr", "rid", "verify_len", "acc_len", "confidence", "block_mid"))
         assert same == keep   # without batch_index the shuffled rows stay shuffled: the check can fail
+
+
+def test_request_rows_of_a_step_the_store_lacks_are_refused(runs, tmp_path):
+    """A step_reqs row whose step has no steps row (a store written half-way) names the fix, whichever rows
+    are missing: the first, a middle or the last step's."""
+    src = Store(runs)
+    steps = src.read("steps", "compact-dp1").drop_columns(["run_id"])
+    for drop in (0, steps.num_rows // 2, steps.num_rows - 1):
+        root = tmp_path / f"lost-{drop}"
+        store = Store(root)
+        store.write("steps", "compact-dp1", steps.filter(pa.array(np.arange(steps.num_rows) != drop)))
+        store.write("step_reqs", "compact-dp1", src.read("step_reqs", "compact-dp1").drop_columns(["run_id"]))
+        store.upsert_run("compact-dp1", started_at=T0, source="emulator", mode="compact", gamma=6, dp_size=1)
+        with pytest.raises(ValueError, match="have no steps row"):
+            rp.load_step_log(sql.connect(root), "compact-dp1")
 
 
 def test_conformance_notices_a_different_table(con):

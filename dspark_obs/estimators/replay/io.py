@@ -66,14 +66,15 @@ def load_step_log(con, run: str, *, timer: str = "step_gpu_ms", use_emulator_tru
     data would give); ``use_companion=False`` ignores a cap-accept companion run.
     """
     mode, gamma, steps, reqs = _read_run(con, run, timer, default_lag)
-    steps, reqs, row_ptr = _rows_by_step(run, steps, reqs)
     conf_col = reqs.column("confidence")
     if conf_col.null_count:
         raise ValueError(f"run {run!r}: {conf_col.null_count} request-steps lack confidences; "
                          "collect with the 'reqs' component for every step")
-    gamma = gamma or len(conf_col[0].as_py())
+    # The list column is reordered as a matrix: Arrow's take of a list column costs 3x numpy's.
+    steps, reqs, row_ptr, order = _rows_by_step(run, steps, reqs.drop_columns(["confidence"]))
+    gamma = gamma or len(conf_col[0 if order is None else int(order[0])].as_py())
     conf = np.asarray(pc.list_flatten(conf_col).to_numpy(zero_copy_only=False), dtype=np.float32)
-    conf = conf.reshape(-1, gamma)
+    conf = conf.reshape(-1, gamma) if order is None else conf.reshape(-1, gamma)[order]
     verify_len = reqs.column("verify_len").to_numpy().astype(np.int64)
     correct = reqs.column("correct_drafts").to_numpy().astype(np.int64)
     dp = steps.column("dp_rank").to_numpy().astype(np.int64)
@@ -123,34 +124,48 @@ def _read_run(con, run: str, timer: str, default_lag: int) -> tuple[str, int | N
     return mode, (int(info[0][1]) if info and info[0][1] else None), steps, reqs
 
 
-def _rows_by_step(run: str, steps: pa.Table, reqs: pa.Table) -> tuple[pa.Table, pa.Table, np.ndarray]:
-    """Steps and request rows in step order (rows keep their batch order) and the rows of each step (CSR)."""
-    steps, step_code = _in_step_order(steps)
-    reqs, row_code = _in_step_order(reqs)
-    if np.setdiff1d(row_code, step_code).size:
+def _rows_by_step(run: str, steps: pa.Table, reqs: pa.Table) -> tuple[pa.Table, pa.Table, np.ndarray, np.ndarray | None]:
+    """Steps and request rows in step order (rows keep their batch order), the rows of each step (CSR)
+    and the rows' order as read (None: read in that order)."""
+    steps, step_code, _ = _in_step_order(_step_code(steps), None, steps)
+    row_code = _step_code(reqs)
+    rank = np.searchsorted(step_code, row_code)   # a row's step as its index among the steps: a small key
+    found = rank < step_code.size
+    found[found] = step_code[rank[found]] == row_code[found]
+    if not found.all():
         raise ValueError(f"run {run!r}: some step_reqs rows have no steps row; the store is inconsistent "
                          "(re-collect the run)")
+    reqs, row_code, order = _in_step_order(rank, _batch_positions(reqs), reqs)
+    row_code = step_code[row_code]
     ptr = np.searchsorted(row_code, step_code, side="left")
     ptr_end = np.searchsorted(row_code, step_code, side="right")
     keep = ptr_end > ptr  # steps without request rows cannot be replayed
     if not keep.all():
         steps = steps.filter(pa.array(keep))
         ptr, ptr_end = ptr[keep], ptr_end[keep]
-    return steps, reqs, np.concatenate([ptr, ptr_end[-1:]]).astype(np.int64)
+    return steps, reqs, np.concatenate([ptr, ptr_end[-1:]]).astype(np.int64), order
 
 
-def _in_step_order(t: pa.Table) -> tuple[pa.Table, np.ndarray]:
-    """The rows sorted by step and, within a step, by ``batch_index`` (stable: rows without one keep the
-    order read, which files written before it was kept hold in batch order) with their step codes; rows
-    read in that order already are not copied."""
-    code, position = _step_code(t), _batch_positions(t)
+def _in_step_order(code: np.ndarray, position: np.ndarray | None, t: pa.Table) -> tuple[pa.Table, np.ndarray, np.ndarray | None]:
+    """``t`` sorted by ``code`` and, within a code, by ``position`` (stable: rows without one keep the
+    order read, which files written before it was kept hold in batch order), its codes in that order, and
+    the order (None when the rows were read in it: they are not copied).
+
+    One stable argsort of a packed key where ``code`` is small enough (a row's step rank), else a lexsort:
+    the same order either way."""
     out_of_order = code[1:] < code[:-1]
     if position is not None:
         out_of_order |= (code[1:] == code[:-1]) & (position[1:] < position[:-1])
     if not out_of_order.any():
-        return t, code
-    order = np.argsort(code, kind="stable") if position is None else np.lexsort((position, code))
-    return t.take(order), code[order]
+        return t, code, None
+    if position is None:
+        order = np.argsort(code, kind="stable")
+    else:
+        position = position - position.min()
+        span = int(position.max()) + 1
+        fits = code.min() >= 0 and int(code.max()) < (1 << 62) // span
+        order = np.argsort(code * span + position, kind="stable") if fits else np.lexsort((position, code))
+    return t.take(order), code[order], order
 
 
 def _batch_positions(t: pa.Table) -> np.ndarray | None:
@@ -229,24 +244,29 @@ def _ceiling(con, run: str, reqs: pa.Table, gamma: int) -> Optional[tuple[np.nda
         return None
     finally:
         con.unregister("_replay_ceiling_keys")
-    vals = [np.clip(got.column(c).to_numpy(zero_copy_only=False).astype(np.float64), 0.0, gamma)
-            for c in ("lo", "mid", "hi")]
+    rows = got.column("i").to_numpy()
+    vals = []
+    for c in ("lo", "mid", "hi"):
+        val = np.full(reqs.num_rows, np.nan)
+        val[rows] = np.clip(got.column(c).to_numpy(zero_copy_only=False).astype(np.float64), 0.0, gamma)
+        vals.append(val)
     return vals[0], vals[1], vals[2]
 
 
 def _ceiling_rows(con, run: str, *, first_of_several: bool) -> pa.Table:
-    """``(lo, mid, hi)`` for each row of ``_replay_ceiling_keys``, in its order (null where none)."""
+    """``(i, lo, mid, hi)`` for each row ``i`` of ``_replay_ceiling_keys`` (null where none), in no order:
+    the caller places them by ``i`` (sorting millions of rows in the query cost more than the join)."""
     one = ("QUALIFY row_number() OVER (PARTITION BY rid, forward_ct, dp_rank, segment "
            "ORDER BY coalesce(method, '') = 'default' DESC) = 1") if first_of_several else ""
     return con.sql(f"""
         WITH c AS (
             SELECT rid, forward_ct, dp_rank, segment, lo, mid, hi FROM ceiling WHERE run_id = $run {one}
         )
-        SELECT c.lo, c.mid, c.hi
+        SELECT k.i, c.lo, c.mid, c.hi
         FROM _replay_ceiling_keys AS k
         LEFT JOIN c ON c.rid IS NOT DISTINCT FROM k.rid AND c.forward_ct = k.forward_ct
-                   AND c.dp_rank = k.dp_rank AND c.segment IS NOT DISTINCT FROM k.segment
-        ORDER BY k.i""", params={"run": run}).to_arrow_table()
+                   AND c.dp_rank = k.dp_rank AND c.segment IS NOT DISTINCT FROM k.segment""",
+                   params={"run": run}).to_arrow_table()
 
 
 def planning_table(con, run: str) -> tuple[ct.CostTable, str]:
