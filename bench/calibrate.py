@@ -82,8 +82,9 @@ def _figures(out: str) -> list[dict]:
 
 
 def run(*, rows: int, workdir: str, baseline: str, repeat: int = 3, report: bool = True, jobs: int | None = None,
-        baseline_store: str | None = None) -> dict:
-    """``baseline_store``: the baseline reads this store, one its own writer made (the same data in the layout
+        baseline_store: str | None = None, report_defaults: bool = False) -> dict:
+    """``report_defaults``: the report as users run it, PNG export and history included (default: both off,
+    the figures alone).  ``baseline_store``: the baseline reads this store, one its own writer made (the same data in the layout
     it writes; estimated by the baseline when it has no ceiling), so a change of layout is timed as users get
     it; default: both read ``workdir``'s store."""
     root = os.path.join(workdir, f"store-{rows}")
@@ -100,8 +101,9 @@ def run(*, rows: int, workdir: str, baseline: str, repeat: int = 3, report: bool
     commands = {"calibrate": lambda side: ["calibrate", "--data", roots[side], "--run", "bench", "--labels", "all",
                                            *extra]}
     if report:
-        commands["report"] = lambda side: ["report", "--data", roots[side], "--run", "bench", "--no-png",
-                                           "--no-history", "--out", os.path.join(workdir, f"report-{side}"), *extra]
+        flags = [] if report_defaults else ["--no-png", "--no-history"]
+        commands["report"] = lambda side: ["report", "--data", roots[side], "--run", "bench", *flags,
+                                           "--out", os.path.join(workdir, f"report-{side}"), *extra]
     for side in dict.fromkeys(sides if baseline_store else ["ours"]):
         cmd, env = _cli(sides[side])
         if not (Path(roots[side]) / "ceiling").is_dir():
@@ -163,10 +165,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--jobs", type=int, help="--jobs for both commands (default: theirs, all cores)")
     ap.add_argument("--no-report", action="store_true")
+    ap.add_argument("--report-defaults", action="store_true",
+                    help="time the report at its defaults (PNG export and history on), as the target reads")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
     res = run(rows=args.rows, workdir=args.workdir, baseline=args.baseline, repeat=args.repeat,
-              report=not args.no_report, jobs=args.jobs, baseline_store=args.baseline_store)
+              report=not args.no_report, jobs=args.jobs, baseline_store=args.baseline_store,
+              report_defaults=args.report_defaults)
     print(json.dumps(res, indent=1, sort_keys=True))
     if args.json:
         args.json.write_text(json.dumps(res, indent=1, sort_keys=True))

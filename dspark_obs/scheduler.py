@@ -24,6 +24,7 @@ from typing import Optional
 import numpy as np
 
 from dspark_obs.costtable import CostTable, SpsAdditiveCostTable
+from dspark_obs.rowwise import by_row_blocks
 
 SURVIVAL_EPS = 1e-6
 
@@ -71,7 +72,9 @@ def survival_from_confidence(confidence: np.ndarray) -> np.ndarray:
     by an ulp often enough to flip ``survival_eps`` crossings and ties.
     """
     conf32 = np.asarray(confidence, dtype=np.float32)
-    return np.cumprod(conf32.astype(np.float64), axis=-1).astype(np.float32)
+    if conf32.ndim < 2:
+        return np.cumprod(conf32.astype(np.float64), axis=-1).astype(np.float32)
+    return by_row_blocks(lambda c: np.cumprod(c.astype(np.float64), axis=-1).astype(np.float32), conf32)
 
 
 def verify_token_budget(

@@ -177,9 +177,11 @@ def _batch_positions(t: pa.Table) -> np.ndarray | None:
 
 def _request_codes(reqs: pa.Table) -> np.ndarray:
     """An integer per request: its rid, or (a server that sends no rid) its pool slot."""
-    rid = pc.if_else(pc.is_null(reqs.column("rid")),
-                     pc.binary_join_element_wise("#pool", pc.cast(reqs.column("req_pool_index"), pa.string()), ""),
-                     reqs.column("rid"))
+    rid = reqs.column("rid")
+    if rid.null_count:   # only then: the element-wise choice copies every rid
+        rid = pc.if_else(pc.is_null(rid),
+                         pc.binary_join_element_wise("#pool", pc.cast(reqs.column("req_pool_index"), pa.string()), ""),
+                         rid)
     return np.asarray(pc.dictionary_encode(rid).combine_chunks().indices.to_numpy(), dtype=np.int64)
 
 

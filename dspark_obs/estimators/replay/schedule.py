@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from dspark_obs import costtable as ct
+from dspark_obs.rowwise import by_row_blocks
 from dspark_obs.scheduler import ScheduleConfig, survival_from_confidence, verify_lens_topk_steps, verify_token_budgets
 
 DEFAULT_LAG_STEPS = 2
@@ -77,11 +78,15 @@ def recalibrate(confidence: np.ndarray, t_current: Sequence[float], t_new: Seque
     conf = np.asarray(confidence, dtype=np.float32)
     gamma = conf.shape[-1]
     ratio = _temperatures(t_current, gamma, "current") / _temperatures(t_new, gamma, "new")
-    with np.errstate(divide="ignore", over="ignore"):
-        c = conf.astype(np.float64)
-        logit = np.log(c) - np.log1p(-c)
-        new = 1.0 / (1.0 + np.exp(-logit * ratio))
-    return np.where(ratio == 1.0, conf, new.astype(np.float32))
+
+    def rescaled(block: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore", over="ignore"):
+            c = block.astype(np.float64)
+            logit = np.log(c) - np.log1p(-c)
+            new = 1.0 / (1.0 + np.exp(-logit * ratio))
+        return np.where(ratio == 1.0, block, new.astype(np.float32))
+
+    return by_row_blocks(rescaled, conf) if conf.ndim == 2 else rescaled(conf)
 
 
 def confidence_from_survival(survival: np.ndarray) -> np.ndarray:
@@ -137,7 +142,7 @@ def replay_schedule(log: StepLog, table: ct.CostTable, *, confidence: Optional[n
     conf = log.confidence if confidence is None else np.asarray(confidence, dtype=np.float32)
     surv = survival_from_confidence(conf)
     sources = lag_sources(log) if sources is None else sources
-    hist = np.where((sources >= 0)[:, None], surv[np.maximum(sources, 0)], np.float32(1.0))
+    hist = by_row_blocks(lambda src: np.where((src >= 0)[:, None], surv[np.maximum(src, 0)], np.float32(1.0)), sources)
     ptr = log.row_ptr
     budgets = np.zeros(log.num_steps, dtype=np.int64)
     lens = np.zeros(ptr[-1], dtype=np.int32)
@@ -166,8 +171,9 @@ def lag_sources(log: StepLog) -> np.ndarray:
     order = np.argsort(keys, kind="stable")
     lag_idx = lag_indices(log.dp_rank, log.segment, log.lag_steps)[step_of]
     wanted = lag_idx * width + log.rid
-    pos = np.minimum(np.searchsorted(keys[order], wanted), max(order.size - 1, 0))
-    found = (lag_idx >= 0) & (keys[order][pos] == wanted) if order.size else np.zeros(0, bool)
+    sorted_keys = keys[order]
+    pos = np.minimum(np.searchsorted(sorted_keys, wanted), max(order.size - 1, 0))
+    found = (lag_idx >= 0) & (sorted_keys[pos] == wanted) if order.size else np.zeros(0, bool)
     return np.where(found, order[pos] if order.size else pos, -1)
 
 
