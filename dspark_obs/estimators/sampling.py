@@ -121,5 +121,7 @@ def resolve_sampling(recorded: np.ndarray, override: np.ndarray, inferred: np.nd
     temperature = np.where(has_recorded, recorded, override)
     sampling = _STATED_KINDS[(temperature != 0.0).astype(np.intp)]
     sampling[unstated] = inferred[unstated]
-    source = _SOURCE_NAMES[np.where(has_recorded, 0, np.where(has_override, 1, np.where(inferred != UNKNOWN, 2, 3)))]
+    source_code = np.where(has_recorded, 0, 1)
+    source_code[unstated] = np.where(inferred[unstated] != UNKNOWN, 2, 3)   # strings compared only where they decide
+    source = _SOURCE_NAMES[source_code]
     return sampling, source

@@ -290,10 +290,14 @@ def _sampling(steps: pa.Table, inferred: InferredSampling, temperature: float | 
     recorded = column_array(steps, "temperature", np.float64, np.nan)
     fallback = temperature if temperature is not None else inferred.run_override
     override = np.full(steps.num_rows, np.nan if fallback is None else float(fallback))
-    ocode, _ = codes(steps.column("rid"), inferred.override_rids)
-    override = np.where(ocode >= 0, np.append(inferred.override_temps, np.nan)[ocode], override)
-    code, _ = codes(steps.column("rid"), inferred.rids)
-    inferred = np.where(code >= 0, np.append(inferred.kinds, sampling.UNKNOWN)[code], sampling.UNKNOWN)
+    if len(inferred.override_rids):   # a lookup of every step's rid: only when there is a map to look in
+        ocode, _ = codes(steps.column("rid"), inferred.override_rids)
+        override = np.where(ocode >= 0, np.append(inferred.override_temps, np.nan)[ocode], override)
+    if len(inferred.rids):
+        code, _ = codes(steps.column("rid"), inferred.rids)
+        inferred = np.where(code >= 0, np.append(inferred.kinds, sampling.UNKNOWN)[code], sampling.UNKNOWN)
+    else:
+        inferred = np.full(steps.num_rows, sampling.UNKNOWN, dtype=object)
     kind, source = sampling.resolve_sampling(recorded, override, inferred)
     return np.where(np.isnan(recorded), override, recorded), kind, source
 

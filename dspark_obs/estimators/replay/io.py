@@ -18,6 +18,7 @@ import pyarrow.compute as pc
 
 from dspark_obs import costtable as ct
 from dspark_obs import sql as sqlmod
+from dspark_obs.acceptance import known_block_accept
 from dspark_obs.estimators.calibration.recalibration import apply_survival_map
 from dspark_obs.estimators.costmodel import TIMERS, fitted_table_of
 from dspark_obs.estimators.pairing import companion_of, paired_steps
@@ -87,7 +88,10 @@ def load_step_log(con, run: str, *, timer: str = "step_gpu_ms", use_emulator_tru
     companion = _companion_truth(con, run, reqs) if use_companion else None
     if companion is not None:
         truth = np.where(np.isnan(truth), companion, truth)
-    ceiling = _ceiling(con, run, reqs, gamma)
+    # The ceiling fills in only the steps their own record, the truth or the mode leaves unknown: only those are read.
+    unknown = np.isnan(known_block_accept(mode, verify_len - 1, correct, reqs.column("cap_trim").to_numpy(),
+                                          gamma=gamma, truth=truth))
+    ceiling = _ceiling(con, run, reqs, gamma, np.flatnonzero(unknown)) if unknown.any() else None
     lo, mid, hi, source = block_acceptance(
         mode=mode, gamma=gamma, window=verify_len - 1, correct_drafts=correct,
         cap_trim=reqs.column("cap_trim").to_numpy(), survival=survival_from_confidence(conf),
@@ -223,8 +227,9 @@ def _companion_truth(con, run: str, reqs: pa.Table) -> Optional[np.ndarray]:
     return np.array([lookup.get(k, np.nan) for k in keys], dtype=np.float64)
 
 
-def _ceiling(con, run: str, reqs: pa.Table, gamma: int) -> Optional[tuple[np.ndarray, ...]]:
-    """The ``ceiling`` result table's ``(lo, mid, hi)`` (drafts, 0..gamma) for ``run``, row for row of ``reqs``.
+def _ceiling(con, run: str, reqs: pa.Table, gamma: int, rows: np.ndarray) -> Optional[tuple[np.ndarray, ...]]:
+    """The ``ceiling`` result table's ``(lo, mid, hi)`` (drafts, 0..gamma) for ``run`` at ``rows`` of ``reqs``
+    (NaN at the other rows).
 
     When several methods were stored, ``default`` wins over the others.  The
     join runs in DuckDB (a run of millions of steps as Python tuples would take
@@ -233,14 +238,14 @@ def _ceiling(con, run: str, reqs: pa.Table, gamma: int) -> Optional[tuple[np.nda
     views = {r[0] for r in con.sql("SELECT view_name FROM duckdb_views() WHERE NOT internal").fetchall()}
     if "ceiling" not in views:
         return None
-    keys = pa.table({"i": pa.array(np.arange(reqs.num_rows, dtype=np.int64)),
-                     **{c: reqs.column(c) for c in ("rid", "forward_ct", "dp_rank", "segment")}})
+    taken = pa.array(rows, pa.int64())
+    keys = pa.table({"i": taken, **{c: reqs.column(c).take(taken) for c in ("rid", "forward_ct", "dp_rank", "segment")}})
     con.register("_replay_ceiling_keys", keys)
     try:
         if not con.sql("SELECT count(*) FROM ceiling WHERE run_id = $run", params={"run": run}).fetchall()[0][0]:
             return None
         got = _ceiling_rows(con, run, first_of_several=False)   # one row per step: the window is costly
-        if got.num_rows != reqs.num_rows:   # several methods (or rows) per step: 'default' first
+        if got.num_rows != keys.num_rows:   # several methods (or rows) per step: 'default' first
             got = _ceiling_rows(con, run, first_of_several=True)
     except Exception:  # a ceiling table of another shape: fall back to the survival expectation
         return None
