@@ -251,11 +251,11 @@ def _ceiling(con, run: str, reqs: pa.Table, gamma: int, rows: np.ndarray) -> Opt
         return None
     finally:
         con.unregister("_replay_ceiling_keys")
-    rows = got.column("i").to_numpy()
+    at = got.column("i").to_numpy()
     vals = []
     for c in ("lo", "mid", "hi"):
         val = np.full(reqs.num_rows, np.nan)
-        val[rows] = np.clip(got.column(c).to_numpy(zero_copy_only=False).astype(np.float64), 0.0, gamma)
+        val[at] = np.clip(got.column(c).to_numpy(zero_copy_only=False).astype(np.float64), 0.0, gamma)
         vals.append(val)
     return vals[0], vals[1], vals[2]
 
