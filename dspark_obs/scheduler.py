@@ -72,9 +72,11 @@ def survival_from_confidence(confidence: np.ndarray) -> np.ndarray:
     by an ulp often enough to flip ``survival_eps`` crossings and ties.
     """
     conf32 = np.asarray(confidence, dtype=np.float32)
-    if conf32.ndim < 2:
-        return np.cumprod(conf32.astype(np.float64), axis=-1).astype(np.float32)
-    return by_row_blocks(lambda c: np.cumprod(c.astype(np.float64), axis=-1).astype(np.float32), conf32)
+
+    def survival(c: np.ndarray) -> np.ndarray:
+        return np.cumprod(c.astype(np.float64), axis=-1).astype(np.float32)
+
+    return survival(conf32) if conf32.ndim < 2 else by_row_blocks(survival, conf32)
 
 
 def verify_token_budget(

@@ -88,14 +88,13 @@ def load_step_log(con, run: str, *, timer: str = "step_gpu_ms", use_emulator_tru
     companion = _companion_truth(con, run, reqs) if use_companion else None
     if companion is not None:
         truth = np.where(np.isnan(truth), companion, truth)
+    cap_trim = reqs.column("cap_trim").to_numpy()
     # The ceiling fills in only the steps their own record, the truth or the mode leaves unknown: only those are read.
-    unknown = np.isnan(known_block_accept(mode, verify_len - 1, correct, reqs.column("cap_trim").to_numpy(),
-                                          gamma=gamma, truth=truth))
+    unknown = np.isnan(known_block_accept(mode, verify_len - 1, correct, cap_trim, gamma=gamma, truth=truth))
     ceiling = _ceiling(con, run, reqs, gamma, np.flatnonzero(unknown)) if unknown.any() else None
     lo, mid, hi, source = block_acceptance(
-        mode=mode, gamma=gamma, window=verify_len - 1, correct_drafts=correct,
-        cap_trim=reqs.column("cap_trim").to_numpy(), survival=survival_from_confidence(conf),
-        truth=truth, ceiling=ceiling)
+        mode=mode, gamma=gamma, window=verify_len - 1, correct_drafts=correct, cap_trim=cap_trim,
+        survival=survival_from_confidence(conf), truth=truth, ceiling=ceiling)
     measured = steps.column("measured_ms").to_numpy(zero_copy_only=False).astype(np.float64) / 1e3
     return StepLog(
         gamma=gamma, mode=mode, dp_rank=dp, segment=seg, forward_ct=fct,
