@@ -13,7 +13,7 @@ from dspark_obs.cli import app
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import ceiling
 from dspark_obs.estimators.chunks import plan_chunks
-from dspark_obs.estimators.chunks import sample_parts, sample_requests, split_chunks
+from dspark_obs.estimators.chunks import dealt_groups, sample_parts, sample_requests, split_chunks
 from dspark_obs.store import Store
 
 
@@ -67,6 +67,33 @@ def test_tasks_get_contiguous_groups_of_the_local_chunks():
     shares = split_chunks(rids, counts, parts, 3, recut=False)
     assert [c for g in shares for c in g] == parts and len(shares) == 3   # every worker holds a share of the sample
     assert max(sum(c.rows for c in g) for g in shares) < 0.5 * sample.rows
+
+
+def test_dealt_tasks_each_get_every_workload():
+    """Rids sort by workload name, so contiguous halves of a run are different workloads (of different cost per
+    step); chunks dealt in turn give each task the same mix, every chunk once."""
+    rids = [f"{w}-{i:04d}" for w in ("arena-hard", "gsm8k", "poetry") for i in range(300)]
+    counts = np.full(len(rids), 10)
+    chunks = plan_chunks(rids, counts, chunk_rows=200)
+    dealt = dealt_groups(rids, counts, chunks, 2)
+    assert sorted((c for g in dealt for c in g), key=chunks.index) == chunks and len(dealt) == 2
+
+    def steps_by_workload(group):
+        named = {r: n for r, n in zip(rids, counts)}
+        out = {}
+        for c in group:
+            for r in rids:
+                if c.params["chunk_lo"] <= r <= c.params["chunk_hi"]:
+                    out[r.rsplit("-", 1)[0]] = out.get(r.rsplit("-", 1)[0], 0) + named[r]
+        return out
+
+    halves = [steps_by_workload(g) for g in split_chunks(rids, counts, chunks, 2)]
+    assert "arena-hard" not in halves[1] and "poetry" not in halves[0]      # contiguous: workloads apart
+    for share in (steps_by_workload(g) for g in dealt):
+        assert set(share) == {"arena-hard", "gsm8k", "poetry"}
+        assert all(abs(n - 1500) <= 200 for n in share.values())             # half of each, within a chunk
+    assert dealt_groups(rids[:3], counts[:3], plan_chunks(rids[:3], counts[:3], chunk_rows=10_000), 2) == \
+        split_chunks(rids[:3], counts[:3], plan_chunks(rids[:3], counts[:3], chunk_rows=10_000), 2)
 
 
 def test_shards_merged_give_the_one_pass_estimate_and_commit_their_files(generated):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dspark_obs import sql as sqlmod
 from dspark_obs.process_engine import one_core
 from dspark_obs.estimators.calibration import chunks
-from dspark_obs.estimators.chunks import split_chunks
+from dspark_obs.estimators.chunks import dealt_groups
 
 __all__ = ["accumulate"]
 
@@ -23,7 +23,7 @@ def accumulate(engine, con, reads: "chunks.RunReads", *, specs: dict, edges: dic
     engine.start()
     root = str(sqlmod.root_of(con))
     plan = next(iter(reads.plans.values()))
-    groups = split_chunks(plan.step_rids, plan.step_rows, plan.chunks, engine.parallelism())
+    groups = dealt_groups(plan.step_rids, plan.step_rows, plan.chunks, engine.parallelism())
     calls = [(root, reads, group, specs, edges, n_bootstrap, seed, sum(c.rows for c in group)) for group in groups]
     done = [0]
 

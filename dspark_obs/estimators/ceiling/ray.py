@@ -24,7 +24,7 @@ from dspark_obs.process_engine import one_core
 from dspark_obs.estimators.ceiling import io as ceiling_io
 from dspark_obs.estimators.ceiling.fit_parts import map_parts
 from dspark_obs.estimators.ceiling.partial import merge_partials
-from dspark_obs.estimators.chunks import split_chunks
+from dspark_obs.estimators.chunks import dealt_groups, split_chunks
 
 __all__ = ["run", "estimate_shard", "fit_on_pool"]
 
@@ -68,7 +68,7 @@ def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstr
     batch = f"ceiling-{secrets.token_hex(6)}" if write else None
     root = str(store.root) if not hasattr(store, "url") else store.url
     pool = engine.pool(init=_one_core) if hasattr(engine, "pool") else None
-    calls = [(root, plan, group) for group in split_chunks(plan.rids, plan.counts, plan.chunks, engine.parallelism())]
+    calls = [(root, plan, group) for group in dealt_groups(plan.rids, plan.counts, plan.chunks, engine.parallelism())]
     total, done = int(plan.counts.sum()), [0]
 
     def finished(result) -> None:
