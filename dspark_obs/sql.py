@@ -110,7 +110,11 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
     if any(ch in root_text for ch in "*?[]{}'"):
         raise ValueError(f"data root {root_text!r} contains a glob or quote character; "
                          "move the store to a plain path")
+    # A part file's path names one content forever (written once under a unique name, then renamed into
+    # place), so its Parquet footer may be kept: each chunk query of a run otherwise re-read the footers of
+    # every file of the tables it joins (about 0.1 CPU s per query on a 10M-row store).
     con = open_database({"threads": WORKER_THREADS} if WORKER_THREADS else None)
+    con.execute("SET parquet_metadata_cache = true")
     con.execute("SET TimeZone = 'UTC'")  # the store is UTC; show it so on every machine
     if remote:
         con.register_filesystem(fsspec_filesystem(store))

@@ -12,7 +12,7 @@ import pytest
 from dspark_obs import sql
 from dspark_obs.estimators import calibration as cal
 from dspark_obs.estimators import stats as bootstrap
-from dspark_obs.estimators.calibration.chunks import plan_run
+from dspark_obs.estimators.calibration.chunks import COUNT_CHUNKS, plan_run
 from dspark_obs.estimators.ceiling import estimate_run
 from dspark_obs.store import Store
 
@@ -127,3 +127,23 @@ def test_a_ceiling_missing_steps_or_holding_one_twice_still_gives_each_kind_its_
             assert both[kind].summary.equals(alone.summary) and both[kind].bins.equals(alone.bins), kind
             assert both[kind].notes == alone.notes
 
+
+
+def test_labelled_steps_are_counted_per_request_over_ranges_of_chunks(tmp_path, generated):
+    """The count of reconstructed labels per request, made over ranges of several chunks, is the count of the
+    steps that have an estimate, whatever the ranges (a ceiling missing an eighth of the steps)."""
+    root = tmp_path / "partial"
+    shutil.copytree(generated.root, root)
+    store = Store(root)
+    ceiling = store.read("ceiling", "bench").drop_columns(["run_id"])
+    store.drop_run("ceiling", "bench")
+    store.write("ceiling", "bench", ceiling.filter(pc.not_equal(pc.bit_wise_and(ceiling.column("forward_ct"), 7), 3)))
+    con = sql.connect(root)
+    many = plan_run(con, "bench", labels="reconstructed", companion=None, chunk_rows=60)
+    few = plan_run(con, "bench", labels="reconstructed", companion=None, chunk_rows=3000)
+    assert len(many.chunks) > 2 * COUNT_CHUNKS and len(few.chunks) == 2
+    expected = dict(con.sql("SELECT s.rid, count(*) FROM step_reqs s JOIN ceiling e USING (run_id, rid, forward_ct, "
+                            "prefix_len) WHERE s.run_id = 'bench' GROUP BY 1").fetchall())
+    for plan in (many, few):
+        assert dict(zip(plan.rids, plan.rid_rows.tolist())) == expected
+        assert plan.labelled == sum(expected.values()) < plan.total

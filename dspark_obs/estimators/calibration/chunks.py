@@ -43,6 +43,8 @@ __all__ = ["RunPlan", "RunReads", "run_steps", "plan_run", "summarise_in_chunks"
 
 DEFAULT_SAMPLE_ROWS = 500_000
 """Steps behind AUROC and equal-mass bin edges when a run holds more."""
+COUNT_CHUNKS = 8
+"""Chunks per range in which a run's labelled steps are counted per rid (:func:`plan_run`)."""
 
 
 _BASE_SQL = """
@@ -99,9 +101,13 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
         labelled = int(rows.sum())
         total = events.check_labelled(con, run_id, labels, mode, source, labelled) if units else 0
         return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, rids, rows, **steps)
-    parts = [events.fetch(con, f"SELECT rid, count(*) AS n FROM ({events.events_sql(query, chunk, ordered=False)}) "
-                               "GROUP BY rid ORDER BY rid NULLS LAST", {**params, **chunk.params})
-             for chunk in chunks]
+    # counted over ranges of COUNT_CHUNKS chunks: a count holds a rid and three keys per step, not a chunk's
+    # lists, and each query has a fixed cost (views bound, files opened): at 10M rows, a count per chunk
+    # took 7.8 s on the wall before the first chunk, ranges of eight 2.9 s (peak 423 MB against 283 MB)
+    ranges = plan_chunks(rids, rows, chunk_rows=chunk_rows * COUNT_CHUNKS)
+    parts = [events.fetch(con, f"SELECT rid, count(*) AS n FROM ({events.events_sql(query, part, ordered=False)}) "
+                               "GROUP BY rid ORDER BY rid NULLS LAST", {**params, **part.params})
+             for part in ranges]
     counts = pa.concat_tables(parts)
     labelled = int(np.sum(counts.column("n").to_numpy())) if counts.num_rows else 0
     total = events.check_labelled(con, run_id, labels, mode, source, labelled)
