@@ -147,3 +147,19 @@ def test_labelled_steps_are_counted_per_request_over_ranges_of_chunks(tmp_path, 
     for plan in (many, few):
         assert dict(zip(plan.rids, plan.rid_rows.tolist())) == expected
         assert plan.labelled == sum(expected.values()) < plan.total
+
+
+@pytest.mark.parametrize("chunk_rows", [600, 1_000_000])
+def test_a_run_without_confidences_is_refused_with_the_fix(tmp_path, generated, chunk_rows):
+    """Whatever the chunk size asked, a run whose steps carry no confidence or survival says so and names
+    the fix (it has no steps to chunk: the plan falls to one pass, which finds it)."""
+    root = tmp_path / "no-head"
+    shutil.copytree(generated.root, root)
+    store = Store(root)
+    reqs = store.read("step_reqs", "bench").drop_columns(["run_id"])
+    for name in ("confidence", "survival"):
+        reqs = reqs.set_column(reqs.schema.get_field_index(name), name, pa.nulls(reqs.num_rows, reqs.schema.field(name).type))
+    store.drop_run("step_reqs", "bench")
+    store.write("step_reqs", "bench", reqs)
+    with pytest.raises(cal.CalibrationDataError, match="recorded no confidence or survival"):
+        cal.calibrate_run(store, "bench", labels="observed", n_bootstrap=0, write=False, chunk_rows=chunk_rows)

@@ -99,7 +99,7 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
         return RunPlan(query, params, mode, gamma, source, chunks, **steps)
     if not units or labels == "observed":  # steps with predictions are (or stand in for) the labelled ones
         labelled = int(rows.sum())
-        total = events.check_labelled(con, run_id, labels, mode, source, labelled) if units else 0
+        total = events.check_labelled(con, run_id, labels, mode, source, labelled, int(rows.sum())) if units else 0
         return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, rids, rows, **steps)
     # counted over ranges of COUNT_CHUNKS chunks: a count holds a rid and three keys per step, not a chunk's
     # lists, and each query has a fixed cost (views bound, files opened): at 10M rows, a count per chunk
@@ -110,7 +110,7 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
              for part in ranges]
     counts = pa.concat_tables(parts)
     labelled = int(np.sum(counts.column("n").to_numpy())) if counts.num_rows else 0
-    total = events.check_labelled(con, run_id, labels, mode, source, labelled)
+    total = events.check_labelled(con, run_id, labels, mode, source, labelled, int(rows.sum()))
     return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, counts.column("rid").to_pylist(),
                    counts.column("n").to_numpy().astype(np.int64), **steps)
 
@@ -226,7 +226,8 @@ def summarise_in_chunks(con, reads: RunReads, *, binnings, n_bootstrap: int, con
 
 def _tables(con, run_id: str, labels: str, plan: RunPlan, sample: "SampleEdges", cells: dict, counts: dict, *,
             binnings, confidence_level: float, n_bootstrap: int) -> tuple[pa.Table, pa.Table, pa.Table, tuple]:
-    counts["total"] = plan.total or events.check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"])
+    counts["total"] = plan.total or events.check_labelled(con, run_id, labels, plan.mode, plan.source, counts["rows"],
+                                                          int(plan.step_rows.sum()))
     rows, bin_rows, resample_rows = [], [], []
     names = sorted({w for w, _ in cells} - {"*"})
     for w in ["*", *names]:
