@@ -2,8 +2,8 @@
 
 :class:`ProcessEngine` has :class:`~dspark_obs.ray_engine.RayEngine`'s interface
 (``start``, ``parallelism``, ``map``, ``pool``), so ``estimate``, ``calibrate`` and
-``report`` split a run's chunks into contiguous groups
-(:func:`~dspark_obs.estimators.chunks.split_chunks`), run the local per-chunk function
+``report`` deal a run's chunks to N groups in turn
+(:func:`~dspark_obs.estimators.chunks.dealt_groups`), run the local per-chunk function
 on each and merge the partial results exactly as on Ray (bootstrap weights are
 drawn per request, so the split does not change a CI).  Its workers are long-lived
 processes, each on its own pipe, so that like Ray's actors they can keep what they

@@ -1,8 +1,8 @@
 """``--engine ray``: the estimators' chunks as Ray tasks, no scheduler of our own.
 
-The driver plans a run (its requests, the fitted models), splits its chunks — the
-local path's contiguous rid ranges — into one contiguous group per task
-(:func:`~dspark_obs.estimators.chunks.split_chunks`), and maps one task per group.  Each task runs the very per-chunk function of the
+The driver plans a run (its requests, the fitted models), deals its chunks — the
+local path's contiguous rid ranges — in turn to one group per task
+(:func:`~dspark_obs.estimators.chunks.dealt_groups`), and maps one task per group.  Each task runs the very per-chunk function of the
 local path over its shard, reads the store itself (a local path every worker
 sees, or an ``s3://`` URL) and returns small sufficient statistics; the driver
 merges them and commits the result files.  Ray is an optional extra::

@@ -9,8 +9,8 @@ passes over the sample run in parallel and give the local path's numbers.  Then 
 over its shard, writes its ``ceiling`` rows as staged part files (invisible to readers) and returns
 a :class:`~dspark_obs.estimators.ceiling.partial.RunPartial`.  The driver merges the partials (the
 summary's bootstrap included: weights are drawn per request) and, only when every task succeeded,
-replaces the run's results and commits the staged files.  An engine without a pool (``--jobs``)
-gets a plan fitted on the driver and only runs the chunks.
+replaces the run's results and commits the staged files.  An engine without a pool gets a plan
+fitted on the driver and only runs the chunks.
 """
 
 from __future__ import annotations
