@@ -75,8 +75,13 @@ def test_dealt_tasks_each_get_every_workload():
     rids = [f"{w}-{i:04d}" for w in ("arena-hard", "gsm8k", "poetry") for i in range(300)]
     counts = np.full(len(rids), 10)
     chunks = plan_chunks(rids, counts, chunk_rows=200)
+    assert len(chunks) % 2 == 1                                                  # 45: they do not divide in two
     dealt = dealt_groups(rids, counts, chunks, 2)
-    assert sorted((c for g in dealt for c in g), key=chunks.index) == chunks and len(dealt) == 2
+    assert len(dealt) == 2 and len(dealt[0]) == len(dealt[1])
+    ranges = [(c.params["chunk_lo"], c.params["chunk_hi"]) for g in dealt for c in g]
+    assert all(sum(lo <= r <= hi for lo, hi in ranges) == 1 for r in rids)     # every request once
+    shares = [sum(c.rows for c in g) for g in dealt]
+    assert sum(shares) == counts.sum() and abs(shares[0] - shares[1]) <= 10      # equal steps, to a request
 
     def steps_by_workload(group):
         named = {r: n for r, n in zip(rids, counts)}
@@ -92,6 +97,8 @@ def test_dealt_tasks_each_get_every_workload():
     for share in (steps_by_workload(g) for g in dealt):
         assert set(share) == {"arena-hard", "gsm8k", "poetry"}
         assert all(abs(n - 1500) <= 200 for n in share.values())             # half of each, within a chunk
+    even = plan_chunks(rids, counts, chunk_rows=300)                             # 30 chunks: dealt as they are
+    assert len(even) % 2 == 0 and dealt_groups(rids, counts, even, 2) == [even[0::2], even[1::2]]
     assert dealt_groups(rids[:3], counts[:3], plan_chunks(rids[:3], counts[:3], chunk_rows=10_000), 2) == \
         split_chunks(rids[:3], counts[:3], plan_chunks(rids[:3], counts[:3], chunk_rows=10_000), 2)
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from dspark_obs.keys import stable_keys
 
-__all__ = ["Chunk", "plan_chunks", "split_chunks", "dealt_groups", "within", "sample_requests", "shard_requests", "rid_hash", "DEFAULT_CHUNK_ROWS",
+__all__ = ["Chunk", "plan_chunks", "split_chunks", "dealt_groups", "equal_chunks", "within", "sample_requests", "shard_requests", "rid_hash", "DEFAULT_CHUNK_ROWS",
            "DEFAULT_FIT_ROWS", "FIT_PART_ROWS", "sample_parts"]
 
 DEFAULT_CHUNK_ROWS = 150_000
@@ -135,16 +135,42 @@ def dealt_groups(rids: list, counts: np.ndarray, chunks: list, n_tasks: int) -> 
     workload, so contiguous halves of a run cost different CPU: one worker sat
     idle 2.7 of 38 s on the wall at 10M with two.  Dealt chunks give every
     task the same mix; each chunk is still one rid range read on its own.
-    Tasks of decreasing size balance as well but pay a task's fixed costs
-    (a connection, the run's rid index) some ten times over.  A run of fewer
-    chunks than tasks is re-cut as :func:`split_chunks` does.
+    When the chunks do not divide among the tasks (67 at 10M: one worker had
+    2% more steps), the run is first cut into a multiple of ``n_tasks``
+    ranges of equal steps (:func:`equal_chunks`).  Tasks of decreasing size
+    balance as well but pay a task's fixed costs (a connection, the run's rid
+    index) some ten times over.  A run of fewer chunks than tasks is re-cut as
+    :func:`split_chunks` does.
 
-    >>> [[c.rows for c in g] for g in dealt_groups(list("abcde"), np.ones(5), plan_chunks(list("abcde"), np.ones(5), chunk_rows=1), 2)]
-    [[1, 1, 1], [1, 1]]
+    >>> [[c.rows for c in g] for g in dealt_groups(list("abcdef"), np.ones(6), plan_chunks(list("abcdef"), np.ones(6), chunk_rows=1), 2)]
+    [[1, 1, 1], [1, 1, 1]]
+    >>> rids = [f"r{i:02d}" for i in range(12)]   # three chunks of 4 for two tasks: four of 3 instead
+    >>> [[c.rows for c in g] for g in dealt_groups(rids, np.ones(12), plan_chunks(rids, np.ones(12), chunk_rows=4), 2)]
+    [[3, 3], [3, 3]]
     """
     if n_tasks <= 1 or len(chunks) < n_tasks:
         return split_chunks(rids, counts, chunks, n_tasks)
+    if len(chunks) % n_tasks and rids and rids[-1] is not None:   # steps without a rid are a chunk apart
+        chunks = equal_chunks(rids, counts, n_tasks * -(-len(chunks) // n_tasks))
     return [chunks[t::n_tasks] for t in range(n_tasks)]
+
+
+def equal_chunks(rids: list, counts: np.ndarray, n_chunks: int) -> list[Chunk]:
+    """The run's requests (every rid named, in sorted order) in ``n_chunks`` rid ranges of about equal steps,
+    cut at the requests nearest the equal shares (fewer when single requests are larger than a share).
+
+    >>> [c.rows for c in equal_chunks(list("abcde"), np.array([1, 1, 1, 1, 2]), 2)]
+    [3, 3]
+    """
+    counts = np.asarray(counts, dtype=np.int64)
+    ends = np.cumsum(counts)
+    shares = ends[-1] * np.arange(1, n_chunks) / n_chunks
+    cut = np.searchsorted(ends, shares, side="left")            # the request at which each share is reached
+    cut = np.unique(np.minimum(cut, len(counts) - 2)) if len(counts) > 1 else np.zeros(0, np.int64)
+    lasts = np.append(cut, len(counts) - 1)
+    firsts = np.append(0, lasts[:-1] + 1)
+    rows = ends[lasts] - np.append(0, ends[lasts[:-1]])
+    return [_range(rids, int(a), int(b), int(r)) for a, b, r in zip(firsts, lasts, rows)]
 
 
 class RayUnavailable(RuntimeError):

@@ -99,7 +99,7 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
         return RunPlan(query, params, mode, gamma, source, chunks, **steps)
     if not units or labels == "observed":  # steps with predictions are (or stand in for) the labelled ones
         labelled = int(rows.sum())
-        total = events.check_labelled(con, run_id, labels, mode, source, labelled, int(rows.sum())) if units else 0
+        total = events.check_labelled(con, run_id, labels, mode, source, labelled, labelled) if units else 0
         return RunPlan(query, params, mode, gamma, source, chunks, total, labelled, rids, rows, **steps)
     # counted over ranges of COUNT_CHUNKS chunks: a count holds a rid and three keys per step, not a chunk's
     # lists, and each query has a fixed cost (views bound, files opened): at 10M rows, a count per chunk
