@@ -112,7 +112,7 @@ def connect(root: str | Path, *, read_only: bool = True) -> duckdb.DuckDBPyConne
                          "move the store to a plain path")
     # A part file's path names one content forever (written once under a unique name, then renamed into
     # place), so its Parquet footer may be kept: each chunk query of a run otherwise re-read the footers of
-    # every file of the tables it joins (about 0.1 CPU s per query on a 10M-row store).
+    # every file of the tables it joins (calibrate's 67 count queries at 10M rows: 12.4 -> 10.3 CPU s).
     con = open_database({"threads": WORKER_THREADS} if WORKER_THREADS else None)
     con.execute("SET parquet_metadata_cache = true")
     con.execute("SET TimeZone = 'UTC'")  # the store is UTC; show it so on every machine

@@ -139,7 +139,7 @@ def dealt_groups(rids: list, counts: np.ndarray, chunks: list, n_tasks: int) -> 
     2% more steps), the run is first cut into a multiple of ``n_tasks``
     ranges of equal steps (:func:`equal_chunks`).  Tasks of decreasing size
     balance as well but pay a task's fixed costs (a connection, the run's rid
-    index) some ten times over.  A run of fewer chunks than tasks is re-cut as
+    index) once per task: thirteen times instead of twice at 10M.  A run of fewer chunks than tasks is re-cut as
     :func:`split_chunks` does.
 
     >>> [[c.rows for c in g] for g in dealt_groups(list("abcdef"), np.ones(6), plan_chunks(list("abcdef"), np.ones(6), chunk_rows=1), 2)]
@@ -151,13 +151,13 @@ def dealt_groups(rids: list, counts: np.ndarray, chunks: list, n_tasks: int) -> 
     if n_tasks <= 1 or len(chunks) < n_tasks:
         return split_chunks(rids, counts, chunks, n_tasks)
     if len(chunks) % n_tasks and rids and rids[-1] is not None:   # steps without a rid are a chunk apart
-        chunks = equal_chunks(rids, counts, n_tasks * -(-len(chunks) // n_tasks))
+        chunks = equal_chunks(rids, counts, n_tasks * math.ceil(len(chunks) / n_tasks))
     return [chunks[t::n_tasks] for t in range(n_tasks)]
 
 
 def equal_chunks(rids: list, counts: np.ndarray, n_chunks: int) -> list[Chunk]:
     """The run's requests (every rid named, in sorted order) in ``n_chunks`` rid ranges of about equal steps,
-    cut at the requests nearest the equal shares (fewer when single requests are larger than a share).
+    each ending at the first request that reaches its share (fewer when single requests are larger than a share).
 
     >>> [c.rows for c in equal_chunks(list("abcde"), np.array([1, 1, 1, 1, 2]), 2)]
     [3, 3]
