@@ -15,6 +15,14 @@ the order the scheduler broke ties by, which the schedule replay reads back
 (:mod:`dspark_obs.estimators.replay`).  They are clustered only when that order is also a column
 (``batch_index``, :data:`ORDER_COLUMNS`), so the replay can restore it; rows without it (a file
 written before the column was kept) keep the order written.
+
+Every writer also takes the same Parquet options (:func:`write_options`): a column's values go to a
+dictionary page only where they repeat.  Lists (token ids, top-k logprobs, confidences) and the
+committed token and its logprob hardly do within a row group, and a dictionary of them is built
+for every row group and kept though it saves nothing; they take plain pages, which zstd still
+compresses (measured on four row groups of a 10M-row store: ``tokens`` write 0.155 -> 0.074 CPU s,
+files 24% smaller, DuckDB's read 10% faster; ``step_reqs`` write 0.245 -> 0.153 CPU s, files 6%
+larger, read unchanged).  Readers see the same values: the encoding is the file's own.
 """
 
 from __future__ import annotations
@@ -23,10 +31,21 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["ROW_GROUP_ROWS", "ORDER_COLUMNS", "cluster_by_request"]
+__all__ = ["ROW_GROUP_ROWS", "ORDER_COLUMNS", "PLAIN_COLUMNS", "cluster_by_request", "write_options"]
 
 ROW_GROUP_ROWS = 65_536
 """Rows per row group of a clustered file: small enough that a rid range skips most of a large file."""
+
+
+PLAIN_COLUMNS = frozenset({"token_id", "logprob"})
+"""Scalar columns written without a dictionary (list columns never have one): see the module docstring."""
+
+
+def write_options(data: pa.Table) -> dict:
+    """The keyword arguments of ``pyarrow.parquet.write_table`` for a part file of ``data``."""
+    dictionary = [f.name for f in data.schema
+                  if f.name not in PLAIN_COLUMNS and not pa.types.is_nested(f.type)]
+    return {"compression": "zstd", "row_group_size": ROW_GROUP_ROWS, "use_dictionary": dictionary}
 
 
 ORDER_COLUMNS = {"step_reqs": "batch_index"}

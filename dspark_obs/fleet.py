@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from dspark_obs.clustering import ROW_GROUP_ROWS, cluster_by_request
+from dspark_obs.clustering import cluster_by_request, write_options
 
 __all__ = ["LAYOUTS", "FLEET_TABLES", "MANIFEST_DIR", "FleetWriter", "committed_files", "manifest_fingerprint",
            "forget_table"]
@@ -81,8 +81,9 @@ class FleetWriter:
             rel = f"{table}/run_id={run_id}/date={date}" + ("" if rank is None else f"/dp_rank={rank}")
             name = f"part-{now.strftime(_TS_FORMAT)}-{self.writer_id}-{secrets.token_hex(4)}.parquet"
             self.fs.create_dir(f"{self.base}/{rel}", recursive=True)
+            clustered = cluster_by_request(part, table)
             with self.fs.open_output_stream(f"{self.base}/{rel}/{name}") as f:
-                pq.write_table(cluster_by_request(part, table), f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+                pq.write_table(clustered, f, **write_options(clustered))
             entries.append({"table": table, "path": f"{rel}/{name}", "rows": part.num_rows})
         self._commit(run_id, entries)
         return [f"{self.base}/{e['path']}" for e in entries]

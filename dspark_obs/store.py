@@ -50,7 +50,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from dspark_obs import fleet, quarantine, schema
-from dspark_obs.clustering import ROW_GROUP_ROWS, cluster_by_request
+from dspark_obs.clustering import cluster_by_request, write_options
 from dspark_obs.schema import conform
 
 __all__ = ["Store", "RUN_ID_PATTERN", "validate_run_id", "PART_GLOB", "is_url", "open_store", "checked_writer_id",
@@ -265,14 +265,14 @@ class Store:
         final = f"{folder}/{name}"
         if not self.local:  # an object appears only when its upload completes
             with self.fs.open_output_stream(final) as f:
-                pq.write_table(data, f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+                pq.write_table(data, f, **write_options(data))
             return final
         created = not os.path.isdir(folder)
         os.makedirs(folder, exist_ok=True)
         tmp = f"{folder}/.{name}.tmp"
         try:
             with open(tmp, "wb") as f:
-                pq.write_table(data, f, compression="zstd", row_group_size=ROW_GROUP_ROWS)
+                pq.write_table(data, f, **write_options(data))
                 f.flush()
                 os.fsync(f.fileno())
             os.rename(tmp, final)

@@ -104,3 +104,25 @@ def test_a_table_in_request_order_or_without_rids_is_not_copied():
     assert cluster_by_request(ordered, "tokens") is ordered
     no_rid = pa.table({"x": np.arange(ROW_GROUP_ROWS + 1)})
     assert cluster_by_request(no_rid, "tokens") is no_rid
+
+
+def test_token_ids_logprobs_and_lists_are_written_without_a_dictionary(tmp_path):
+    """Values that repeat (rids, positions) get a dictionary page; the committed token, its logprob and
+    every list column do not, and read back the same."""
+    store = Store(tmp_path)
+    rng = np.random.default_rng(3)
+    n = 5000
+    tokens = pa.table({"rid": [f"r-{i % 40:04d}" for i in range(n)], "pos": pa.array(np.arange(n) // 40, pa.int32()),
+                       "token_id": pa.array(rng.integers(0, 150_000, n), pa.int32()),
+                       "logprob": pa.array(-rng.random(n), pa.float32()),
+                       "top_ids": pa.array(rng.integers(0, 150_000, (n, 5)).tolist(), pa.list_(pa.int32())),
+                       "top_logprobs": pa.array((-rng.random((n, 5))).tolist(), pa.list_(pa.float32()))})
+    store.write("tokens", "r", tokens)
+    (path,) = glob.glob(f"{tmp_path}/tokens/run_id=r/part-*.parquet")
+    chunk = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(chunk.num_columns)}
+    with_dictionary = {name for name, enc in encodings.items() if "RLE_DICTIONARY" in enc}
+    assert with_dictionary == {"rid", "pos"}, encodings
+    got = store.read("tokens", "r")
+    for name in tokens.column_names:
+        assert got.column(name).to_pylist() == tokens.column(name).to_pylist(), name
