@@ -48,11 +48,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
-from scipy.optimize import minimize
 
 from dspark_obs.estimators.ceiling.fit_parts import FitPart, LocalParts, Parts, summed
 
-__all__ = ["DrafterMap", "fit_drafter_map", "fit_drafter_parts"]
+__all__ = ["DrafterMap", "fit_drafter_map", "fit_drafter_parts", "import_optimiser"]
 
 _EPS = 1e-6
 _SHARP = 40.0
@@ -212,6 +211,13 @@ def _part_nll(part: FitPart, topk_only: bool, thetas: list) -> list:
     return [_nll_terms(theta, x, log_p, y) for theta in thetas]
 
 
+def import_optimiser():
+    """SciPy's ``minimize``, imported on first use: 0.6 s that a command (and each worker forked from it)
+    pays only when it fits, and that ``--jobs`` spends in a thread while its workers read the sample."""
+    from scipy.optimize import minimize  # at call time: start-up cost, see the docstring
+    return minimize
+
+
 def fit_drafter_parts(parts: Parts, gamma: int) -> DrafterMap:
     """:func:`fit_drafter_map` on a sample held in parts (:mod:`~dspark_obs.estimators.ceiling.fit_parts`)."""
     n_topk, hit_topk, n_known, hit_known = summed(parts.map(_use_counts) or [(0, 0, 0, 0)])
@@ -228,7 +234,7 @@ def fit_drafter_parts(parts: Parts, gamma: int) -> DrafterMap:
 
     theta0 = np.zeros(2 + 2 * gamma)
     theta0[1] = 1.0                                     # start at the identity, c = q
-    res = minimize(lambda t: nll([t])[0], theta0, jac=True, method="L-BFGS-B", options={"maxiter": 200})
+    res = import_optimiser()(lambda t: nll([t])[0], theta0, jac=True, method="L-BFGS-B", options={"maxiter": 200})
     theta = res.x
     return DrafterMap(gamma=gamma, coef=theta, cov=_covariance(theta, nll), n_train=n)
 

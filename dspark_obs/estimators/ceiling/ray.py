@@ -16,12 +16,14 @@ fitted on the driver and only runs the chunks.
 from __future__ import annotations
 
 import secrets
+import threading
 
 import pyarrow as pa
 
 from dspark_obs import sql as sqlmod
 from dspark_obs.process_engine import one_core
 from dspark_obs.estimators.ceiling import io as ceiling_io
+from dspark_obs.estimators.ceiling.drafter import import_optimiser
 from dspark_obs.estimators.ceiling.fit_parts import map_parts
 from dspark_obs.estimators.ceiling.partial import merge_partials
 from dspark_obs.estimators.chunks import dealt_groups, split_chunks
@@ -54,6 +56,8 @@ def fit_on_pool(pool, root: str, plan: "ceiling_io.RunPlan"):
     """The run's :class:`~dspark_obs.estimators.ceiling.fit.CeilingFit`, its sample held by ``pool``'s actors."""
     groups = split_chunks(plan.rids, plan.counts, ceiling_io.fit_parts_of(plan), len(pool), recut=False)
     groups += [[] for _ in range(len(pool) - len(groups))]
+    # This process waits while the actors read the sample: it imports the optimiser then, off the critical path.
+    threading.Thread(target=import_optimiser, name="import-optimiser", daemon=True).start()
     pool.load(_load_parts, [(root, plan, group) for group in groups])
     try:
         return ceiling_io.fit_run(_PoolParts(pool), plan.run_id, plan.gamma)
