@@ -21,5 +21,6 @@ __all__ = ["stable_keys"]
 
 def stable_keys(values) -> np.ndarray:
     """BLAKE2b (8 bytes, little-endian) of each value's text as uint64; ``None`` hashes as the empty string."""
-    return np.array([int.from_bytes(hashlib.blake2b(("" if v is None else str(v)).encode(), digest_size=8).digest(),
-                                    "little") for v in values], dtype=np.uint64)
+    blake2b = hashlib.blake2b
+    digests = b"".join([blake2b(("" if v is None else str(v)).encode(), digest_size=8).digest() for v in values])
+    return np.frombuffer(digests, dtype="<u8").astype(np.uint64)   # one buffer, no Python int per value
