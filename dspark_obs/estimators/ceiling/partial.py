@@ -106,14 +106,16 @@ class RunPartial:
     def validation_rows(self) -> list[dict]:
         if not self.known or self.all_sums is None:
             return []
-        at = np.concatenate([p["order"] for p in self.known])
-        # by request, then as read: chunks and shards come in rid order, so this is mostly the order they came in
+        # by request, then as read: each chunk's piece is, and chunks are disjoint rid ranges, so the pieces put
+        # in order of their first step are the run's order (workers' pieces come dealt: one chunk in two)
+        known = sorted(self.known, key=lambda p: p["order"][0] if len(p["order"]) else -1)
+        at = np.concatenate([p["order"] for p in known])
         order = None if (at[1:] >= at[:-1]).all() else np.argsort(at, kind="stable")
-        kn = {k: np.concatenate([p[k] for p in self.known]) for k in self.known[0]
+        kn = {k: np.concatenate([p[k] for p in known]) for k in known[0]
               if k not in ("order", "workload", "workload_names")}
-        names = np.unique(np.concatenate([np.asarray(p["workload_names"], dtype=str) for p in self.known]))
+        names = np.unique(np.concatenate([np.asarray(p["workload_names"], dtype=str) for p in known]))
         kn["workload"] = np.concatenate([np.searchsorted(names, np.asarray(p["workload_names"], dtype=str))
-                                         .astype(np.int32)[p["workload"]] for p in self.known])
+                                         .astype(np.int32)[p["workload"]] for p in known])
         if order is not None:
             kn = {k: v[order] for k, v in kn.items()}
         return ceiling_stats.validate_parts(
