@@ -106,9 +106,9 @@ def test_a_table_in_request_order_or_without_rids_is_not_copied():
     assert cluster_by_request(no_rid, "tokens") is no_rid
 
 
-def test_token_ids_logprobs_and_lists_are_written_without_a_dictionary(tmp_path):
-    """Values that repeat (rids, positions) get a dictionary page; the committed token, its logprob and
-    every list column do not, and read back the same."""
+def test_token_ids_and_logprobs_are_written_without_a_dictionary_confidences_with_one(tmp_path):
+    """Values that repeat (rids, positions, SGLang's four-decimal confidences) get a dictionary page; token
+    ids and the target's logprobs do not; everything reads back the same."""
     store = Store(tmp_path)
     rng = np.random.default_rng(3)
     n = 5000
@@ -118,11 +118,21 @@ def test_token_ids_logprobs_and_lists_are_written_without_a_dictionary(tmp_path)
                        "top_ids": pa.array(rng.integers(0, 150_000, (n, 5)).tolist(), pa.list_(pa.int32())),
                        "top_logprobs": pa.array((-rng.random((n, 5))).tolist(), pa.list_(pa.float32()))})
     store.write("tokens", "r", tokens)
-    (path,) = glob.glob(f"{tmp_path}/tokens/run_id=r/part-*.parquet")
-    chunk = pq.ParquetFile(path).metadata.row_group(0)
-    encodings = {chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(chunk.num_columns)}
-    with_dictionary = {name for name, enc in encodings.items() if "RLE_DICTIONARY" in enc}
-    assert with_dictionary == {"rid", "pos"}, encodings
-    got = store.read("tokens", "r")
-    for name in tokens.column_names:
-        assert got.column(name).to_pylist() == tokens.column(name).to_pylist(), name
+    reqs = _step_reqs(_steps(n)).drop_columns(["draft_tokens"]).append_column(
+        "draft_tokens", pa.array(rng.integers(0, 150_000, (n, 3)).tolist(), pa.list_(pa.int32()))).append_column(
+        "confidence", pa.array(np.round(rng.random((n, 3)), 4).tolist(), pa.list_(pa.float32())))
+    store.write("step_reqs", "r", reqs)
+    for table, data, expected in (
+            ("tokens", tokens, {"rid", "pos"}),
+            ("step_reqs", reqs, {"confidence.list.element"})):
+        (path,) = glob.glob(f"{tmp_path}/{table}/run_id=r/part-*.parquet")
+        chunk = pq.ParquetFile(path).metadata.row_group(0)
+        encodings = {chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(chunk.num_columns)}
+        with_dictionary = {name for name, enc in encodings.items() if "RLE_DICTIONARY" in enc}
+        plain = {"token_id", "logprob", "top_ids.list.element", "top_logprobs.list.element", "draft_tokens.list.element"}
+        assert expected <= with_dictionary and not (with_dictionary & plain), (table, encodings)
+        got = store.read(table, "r")
+        assert got.num_rows == data.num_rows
+        for name in ("token_id", "top_logprobs", "draft_tokens", "confidence"):
+            if name in data.column_names:   # clustered by rid: compare as sorted rows
+                assert sorted(map(str, got.column(name).to_pylist())) == sorted(map(str, data.column(name).to_pylist())), name
