@@ -40,7 +40,8 @@ ROW_GROUP_ROWS = 65_536
 
 
 PLAIN_COLUMNS = frozenset({"token_id", "logprob", "top_ids", "top_logprobs", "draft_tokens", "survival_mid"})
-"""Columns written without a dictionary: token ids and logprobs (see the module docstring)."""
+"""Columns written without a dictionary: token ids, the target's logprobs and the estimator's ``survival_mid``
+(see the module docstring)."""
 
 
 def write_options(data: pa.Table) -> dict:
