@@ -15,7 +15,8 @@ from sklearn.metrics import roc_auc_score
 from dspark_obs import sql
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators import calibration as cal
-from dspark_obs.estimators.calibration import metrics
+from dspark_obs.estimators.calibration import events, metrics
+from dspark_obs.estimators.run_requests import RunRequests
 from dspark_obs.report.stats import Z95
 from dspark_obs.store import Store
 
@@ -298,12 +299,14 @@ def test_load_events_observed_and_companion(store):
     obs = cal.load_events(con, "cmp", labels="observed")
     assert obs.gamma == GAMMA and obs.mode == "compact"
     nan = np.nan
-    np.testing.assert_array_equal(obs.y, [[1, 0, 0], [0, 0, 0], [1, nan, nan], [1, 1, nan], [1, 1, nan]])
-    np.testing.assert_allclose(obs.survival[:, 2], [0.225, 0.15, 0.512, 0.378, 0.729])  # last row: cumprod
+    # in request order: a's two steps, then b's three
+    np.testing.assert_array_equal(obs.y, [[1, 0, 0], [1, nan, nan], [0, 0, 0], [1, 1, nan], [1, 1, nan]])
+    np.testing.assert_allclose(obs.survival[:, 2], [0.225, 0.512, 0.15, 0.378, 0.729])  # last row: cumprod
+    assert obs.rid.tolist() == ["a", "a", "b", "b", "b"] and obs.forward_ct.tolist() == [1, 2, 1, 2, 3]
     assert "3 of 5 steps are censored" in obs.notes[0]
     comp = cal.load_events(con, "cmp", labels="companion")
     assert comp.label_source == "cap"
-    np.testing.assert_array_equal(comp.y, [[1, 0, 0], [0, 0, 0], [1, 1, 1], [1, 1, 0]])
+    np.testing.assert_array_equal(comp.y, [[1, 0, 0], [1, 1, 1], [0, 0, 0], [1, 1, 0]])
     assert "1 of 5 steps have no companion" in comp.notes[0]
     cap = cal.load_events(con, "cap", labels="observed")  # a cap-accept run knows every position
     np.testing.assert_array_equal(np.sort(cap.y.sum(axis=1)), [0, 1, 2, 3])
@@ -348,7 +351,20 @@ def test_reconstructed_labels_read_the_ceiling(store):
     ev = cal.load_events(sql.connect(store.root), "cmp", labels="reconstructed")
     assert ev.label_source == "ceiling"
     assert "1 of 5 steps have a fractional estimate" in ev.notes[0]
-    np.testing.assert_allclose(ev.y, [[1, 0, 0], [0, 0, 0], [1, 1, 0.5], [1, 1, 0], [1, 1, 1]])
+    np.testing.assert_allclose(ev.y, [[1, 0, 0], [1, 1, 0.5], [0, 0, 0], [1, 1, 0], [1, 1, 1]])
+
+
+def test_events_come_in_request_order_whatever_order_the_files_hold(store):
+    """The events of a scan and of the same rows scanned in reverse are the same: their order is the rows'
+    (request, rank, step), not the layout's."""
+    con = sql.connect(store.root)
+    scanned = cal.load_events(con, "cmp", labels="observed")
+    query, params, mode, gamma, source = events.events_query(con, "cmp", labels="observed")
+    table = events.fetch(con, events.events_sql(query), params)
+    reversed_scan = table.take(np.arange(table.num_rows)[::-1])
+    again, _ = events.events_of(reversed_scan, "cmp", "observed", mode, gamma, source, RunRequests.read(con, "cmp"))
+    for name in ("rid", "workload", "dp_rank", "forward_ct", "survival", "confidence", "y"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(scanned, name), err_msg=name)
 
 
 def test_errors_name_the_fix(store):

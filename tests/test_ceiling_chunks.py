@@ -7,8 +7,9 @@ import pyarrow as pa
 import pytest
 
 from dspark_obs import sql
-from dspark_obs.estimators.ceiling import estimate_run
-from dspark_obs.estimators.chunks import plan_chunks, rid_hash, sample_requests
+from dspark_obs.estimators.ceiling import estimate_run, inputs
+from dspark_obs.estimators.run_requests import RunRequests
+from dspark_obs.estimators.chunks import plan_chunks, rid_hash, sample_parts, sample_requests, sample_spans
 from dspark_obs.store import Store
 
 
@@ -29,16 +30,64 @@ def test_a_run_that_fits_is_one_chunk_without_a_predicate():
         plan_chunks(["a"], np.array([1]), chunk_rows=0)
 
 
-def test_sample_takes_whole_requests_by_rid_hash_up_to_the_limit():
-    rids = [f"r{i}" for i in range(50)] + [None]
+def test_sample_takes_blocks_of_whole_requests_by_hash_up_to_the_limit():
+    rids = [f"r{i:02d}" for i in range(50)] + [None]
     counts = np.full(51, 10)
-    sample = sample_requests(rids, counts, max_rows=95)
-    chosen = sample.params["sample_rids"]
-    assert len(chosen) == 9 and sample.rows == 90 and chosen == sorted(chosen)
-    order = np.argsort(rid_hash(rids[:50]), kind="stable")
-    assert set(chosen) == {rids[i] for i in order[:9]}          # the smallest hashes
-    assert sample_requests(list(reversed(rids)), counts, max_rows=95).params["sample_rids"] == chosen
+    sample = sample_requests(rids, counts, max_rows=95, block=4)
+    spans = sample_spans(rids, sample)
+    chosen = [rids[i] for a, b in spans for i in range(a, b + 1)]
+    assert sample.rows == 80 and sample.requests == 8 == len(chosen)       # two blocks of 4 fit in 95 steps
+    starts = list(range(0, 50, 4))
+    first = sorted(starts, key=lambda i: (rid_hash([rids[i]])[0], i))[:2]      # the blocks of the smallest hashes
+    assert chosen == [rids[i] for s in sorted(first) for i in range(s, s + 4)]
+    assert sample.on("rid").count("BETWEEN") == len(spans) and "IN" not in sample.where
+    every = sample_requests(rids, counts, max_rows=500, block=4)   # all 13 blocks (the last of 2): one range
+    assert every.rows == 500 and sample_spans(rids, every) == [(0, 49)] and every.where.count("BETWEEN") == 1
     assert sample_requests(rids, counts, max_rows=510).on("rid") == "TRUE"
+    assert sample_requests([None], np.array([20]), max_rows=10).on("rid") == "FALSE"
+
+
+def test_a_sample_reads_the_requests_it_names(generated):
+    con = sql.connect(generated.root)
+    rids, counts = inputs.run_rids(con, "bench", generated.root)
+    sample = sample_requests(rids, counts, max_rows=int(counts.sum()) // 3, block=5)
+    got = con.sql(f"SELECT rid, count(*) AS n FROM step_reqs WHERE {sample.on('rid')} GROUP BY rid ORDER BY rid",
+                  params=sample.params).fetchall()
+    spans = sample_spans(rids, sample)
+    assert got == [(rids[i], int(counts[i])) for a, b in spans for i in range(a, b + 1)]
+    assert sum(n for _, n in got) == sample.rows and len(spans) > 1
+    parts = sample_parts(rids, counts, sample, part_rows=int(counts.sum()) // 10)
+    assert sum(p.rows for p in parts) == sample.rows and len(parts) > 2
+    params = [k for p in parts for k in p.params]
+    assert len(params) == len(set(params))                                  # one read may hold several parts
+
+
+def test_steps_come_in_the_order_the_database_sorts_them_whether_the_scan_was_sorted_or_not():
+    import duckdb
+
+    rng = np.random.default_rng(5)
+    n = 400
+    rids = rng.choice(np.array(["b-2", "a-10", "a-9", "\u00e9-1", "Z"], dtype=object), n).tolist()
+    rids[::37] = [None] * len(rids[::37])
+    steps = pa.table({"rid": pa.array(rids, pa.string()), "prefix_len": rng.integers(0, 5, n),
+                      "dp_rank": rng.integers(0, 2, n), "forward_ct": rng.permutation(n),
+                      "draft_tokens": pa.array([[int(i), 1] for i in range(n)], pa.list_(pa.int32()))})
+    expected = duckdb.sql("SELECT * FROM steps ORDER BY rid, prefix_len, dp_rank, forward_ct").to_arrow_table()
+    got = inputs.in_step_order(steps)
+    assert got.equals(expected) and got.column("rid").to_pylist()[-1] is None
+    assert inputs.in_step_order(expected) is expected          # a sorted scan is returned as it is, not copied
+
+
+def test_each_step_gets_its_requests_columns_from_the_runs_requests(generated):
+    con = sql.connect(generated.root)
+    requests = RunRequests.read(con, "bench")
+    rids = pa.chunked_array([pa.array([requests.rids[3], None, "no-such-rid", requests.rids[0], requests.rids[3]])])
+    got = requests.per_step(rids)
+    row = {k: v[0] for k, v in requests.table.slice(3, 1).to_pydict().items() if k != "rid"}
+    assert got.num_rows == 5 and got.slice(0, 1).to_pylist() == [row] == got.slice(4, 1).to_pylist()
+    assert all(v is None for v in got.slice(1, 1).to_pylist()[0].values())
+    assert all(v is None for v in got.slice(2, 1).to_pylist()[0].values())
+    assert got.slice(3, 1).to_pylist()[0]["workload"] == requests.table.column("workload")[0].as_py()
 
 
 def test_rid_hash_is_stable():

@@ -37,6 +37,7 @@ from dspark_obs.estimators.calibration import events, metrics
 from dspark_obs.estimators.calibration.resampling import figures_of_sums
 from dspark_obs.estimators.calibration.rows import cell_rows, resample_table_of
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
+from dspark_obs.estimators.run_requests import RunRequests
 
 __all__ = ["RunPlan", "RunReads", "run_steps", "plan_run", "summarise_in_chunks", "accumulate_chunks", "merge_cells",
            "BinEdges", "DEFAULT_SAMPLE_ROWS"]
@@ -105,7 +106,7 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
     # lists, and each query has a fixed cost (views bound, files opened): at 10M rows, a count per chunk
     # took 7.8 s on the wall before the first chunk, ranges of eight 2.9 s (peak 423 MB against 283 MB)
     ranges = plan_chunks(rids, rows, chunk_rows=chunk_rows * COUNT_CHUNKS)
-    parts = [events.fetch(con, f"SELECT rid, count(*) AS n FROM ({events.events_sql(query, part, ordered=False)}) "
+    parts = [events.fetch(con, f"SELECT rid, count(*) AS n FROM ({events.events_sql(query, part)}) "
                                "GROUP BY rid ORDER BY rid NULLS LAST", {**params, **part.params})
              for part in ranges]
     counts = pa.concat_tables(parts)
@@ -125,6 +126,7 @@ class RunReads:
 
     run_id: str
     plans: dict                     # label kind -> RunPlan, in the order they are reported
+    requests: RunRequests           # the run's, for every chunk's workloads
     fused: tuple | None = None
 
     @classmethod
@@ -133,11 +135,12 @@ class RunReads:
         if {"observed", "reconstructed"} <= set(plans) and plans["observed"].mode not in ("cap-accept", "static"):
             query, params, *_ = events.events_query(con, run_id, labels="reconstructed", outer=True)
             fused = (query, params)
-        return cls(run_id, plans, fused)
+        return cls(run_id, plans, RunRequests.read(con, run_id), fused)
 
     def subset(self, kinds) -> "RunReads":
         plans = {kind: self.plans[kind] for kind in kinds}
-        return RunReads(self.run_id, plans, self.fused if {"observed", "reconstructed"} <= set(plans) else None)
+        return RunReads(self.run_id, plans, self.requests,
+                        self.fused if {"observed", "reconstructed"} <= set(plans) else None)
 
     def read(self, con, chunk: Chunk, steps: int) -> dict:
         """``kind -> (RunEvents, counts)`` of the requests of ``chunk``, which hold ``steps`` steps with
@@ -148,17 +151,18 @@ class RunReads:
             table = events.fetch(con, events.events_sql(query, chunk), {**params, **chunk.params})
             if table.num_rows == steps:
                 ref = self.plans["observed"]
-                out = events.split_outer(table, self.run_id, ref.mode, ref.gamma, ("observed", "reconstructed"))
+                out = events.split_outer(table, self.run_id, ref.mode, ref.gamma, ("observed", "reconstructed"),
+                                         self.requests)
             del table
         for kind, plan in self.plans.items():
             if kind not in out:
-                out[kind] = _load(con, plan, self.run_id, kind, chunk)
+                out[kind] = _load(con, plan, self.run_id, kind, chunk, self.requests)
         return {kind: out[kind] for kind in self.plans}
 
 
-def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk):
+def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk, requests: RunRequests):
     table = events.fetch(con, events.events_sql(plan.query, chunk), {**plan.params, **chunk.params})
-    return events.events_of(table, run_id, labels, plan.mode, plan.gamma, plan.source)
+    return events.events_of(table, run_id, labels, plan.mode, plan.gamma, plan.source, requests)
 
 
 @dataclass

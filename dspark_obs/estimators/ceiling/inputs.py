@@ -19,8 +19,11 @@ from dspark_obs.acceptance import mode_block_accept
 from dspark_obs.estimators import pairing, sampling
 from dspark_obs.estimators.ceiling.evidence import align_requests, padded_lists, token_index, used_cells
 from dspark_obs.estimators.chunks import ALL, Chunk
+from dspark_obs.estimators.row_order import order_of, rid_ranks
+from dspark_obs.estimators.run_requests import RunRequests
 
-__all__ = ["fetch", "column_array", "codes", "run_meta", "truth_of", "run_rids", "run_gamma", "load_steps",
+__all__ = ["fetch", "column_array", "codes", "run_meta", "truth_of", "run_rids", "run_gamma", "STEP_ORDER",
+           "in_step_order", "load_steps",
            "AlignedChunk", "check_alignment_share", "aligned_evidence", "sglang_arrays", "ChunkInputs",
            "InferredSampling", "infer_sampling", "load_inputs"]
 
@@ -30,18 +33,12 @@ SELECT rid, count(*) AS n FROM step_reqs WHERE run_id = $run GROUP BY rid ORDER 
 _STEPS_SQL = """
 SELECT s.dp_rank, s.forward_ct, s.segment, s.rid, s.prefix_len, s.verify_len, s.correct_drafts,
        s.cap_trim, s.bonus_token, s.draft_tokens, s.confidence, s.emu_block_accept,
-       s.emu_expected_given_window, q.workload, q.temperature, q.prompt_tokens,
-       q.completion_tokens, q.finish_reason
+       s.emu_expected_given_window
 FROM step_reqs AS s
-LEFT JOIN (
-    SELECT rid, any_value(workload) AS workload, any_value(temperature) AS temperature,
-           any_value(prompt_tokens) AS prompt_tokens, any_value(completion_tokens) AS completion_tokens,
-           any_value(finish_reason) AS finish_reason
-    FROM requests WHERE run_id = $run AND {requests_rid} GROUP BY rid
-) AS q ON s.rid = q.rid
 WHERE s.run_id = $run AND {steps_rid}
-ORDER BY s.rid, s.prefix_len, s.dp_rank, s.forward_ct
 """
+STEP_ORDER = ("rid", "prefix_len", "dp_rank", "forward_ct")
+"""The order of a chunk's steps: by request, anchor, rank and step (a request's walk reads them in turn)."""
 _TOKENS_SQL = ("SELECT rid, pos, token_id, logprob, top_ids, top_logprobs FROM tokens "
                "WHERE run_id = $run AND {tokens_rid}")
 _PAIRED_SQL = ("SELECT rid, dp_rank, forward_ct, true_block_accept FROM ({paired}) AS p "
@@ -125,14 +122,31 @@ def run_gamma(con, run_id: str, gamma: int | None) -> int:
     return int(found[0][0] or 0)
 
 
-def load_steps(con, run_id: str, root, chunk: Chunk = ALL, *, gamma: int | None = None) -> tuple[pa.Table, str, int]:
-    """One chunk's steps (default: the whole run) ordered by rid, anchor, rank and step."""
-    steps = fetch(con, _STEPS_SQL.format(requests_rid=chunk.on("rid"), steps_rid=chunk.on("s.rid")),
-                   {"run": run_id, **chunk.params})
+def in_step_order(steps: pa.Table) -> pa.Table:
+    """``steps`` sorted by :data:`STEP_ORDER` (rids as the database sorts them, null last); a scan of part
+    files clustered by request mostly comes sorted already, and is then returned as it is."""
+    if steps.num_rows < 2:
+        return steps
+    keys = [rid_ranks(steps.column("rid"))] + [column_array(steps, name, np.int64, 0) for name in STEP_ORDER[1:]]
+    order = order_of(keys)
+    return steps if order is None else steps.take(order)
+
+
+def load_steps(con, run_id: str, root, chunk: Chunk = ALL, *, gamma: int | None = None, mode: str | None = None,
+               requests: RunRequests | None = None) -> tuple[pa.Table, str, int]:
+    """One chunk's steps (default: the whole run) in :data:`STEP_ORDER`, with their request's columns
+    (``requests``: the run's, read once; default: the chunk's, read here)."""
+    steps = fetch(con, _STEPS_SQL.format(steps_rid=chunk.on("s.rid")), {"run": run_id, **chunk.params})
     if steps.num_rows == 0 and chunk.where == "TRUE":
         run_rids(con, run_id, root)  # raises LookupError with the runs that have steps
-    mode, recorded_gamma = run_meta(con, run_id)
-    gamma = gamma or run_gamma(con, run_id, recorded_gamma)
+    steps = in_step_order(steps)
+    per_step = (requests or RunRequests.read(con, run_id, chunk)).per_step(steps.column("rid"))
+    for name in per_step.column_names:
+        steps = steps.append_column(name, per_step.column(name))
+    if mode is None or not gamma:
+        recorded_mode, recorded_gamma = run_meta(con, run_id)
+        mode = mode or recorded_mode
+        gamma = gamma or run_gamma(con, run_id, recorded_gamma)
     lengths = pc.list_value_length(steps.column("draft_tokens")).to_numpy(zero_copy_only=False)
     if (lengths != gamma).any():
         raise ValueError(f"run {run_id!r}: draft_tokens hold {sorted(set(lengths.tolist()))} tokens, "
@@ -303,8 +317,9 @@ def _sampling(steps: pa.Table, inferred: InferredSampling, temperature: float | 
 
 
 def load_inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None, *, inferred: InferredSampling,
-            temperature: float | None = None) -> tuple[ChunkInputs, str, int]:
-    steps, mode, gamma = load_steps(con, run_id, root, chunk, gamma=gamma)
+            temperature: float | None = None, mode: str | None = None,
+            requests: RunRequests | None = None) -> tuple[ChunkInputs, str, int]:
+    steps, mode, gamma = load_steps(con, run_id, root, chunk, gamma=gamma, mode=mode, requests=requests)
     drafts = padded_lists(steps.column("draft_tokens"), fill=-1, dtype=np.int64)
     if drafts.shape[1] != gamma:  # an empty chunk
         drafts = np.zeros((steps.num_rows, gamma), np.int64)

@@ -38,6 +38,7 @@ from dspark_obs.estimators.ceiling.inputs import (
 from dspark_obs.estimators.ceiling.partial import RunPartial, RunTotals, rid_positions, workload_codes
 from dspark_obs.estimators.ceiling.prior import fit_acceptance_parts, fit_binned_parts
 from dspark_obs.estimators.ceiling.walk import CATEGORIES
+from dspark_obs.estimators.run_requests import RunRequests
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_parts, sample_requests
 from dspark_obs.store import validate_run_id
 
@@ -113,9 +114,10 @@ def _part_of(x: ChunkInputs) -> FitPart:
 
 
 def load_fit_parts(con, plan: "RunPlan", parts: list, root) -> list[FitPart]:
-    """The fitting sample's ``parts`` (contiguous chunks of :func:`~dspark_obs.estimators.chunks.sample_parts`)
-    read from the store, as :mod:`~dspark_obs.estimators.ceiling.fit_parts` sums them: the rid-range parts
-    in one read spanning them (then cut by their steps), a part of steps without a rid apart."""
+    """The fitting sample's ``parts`` (:func:`~dspark_obs.estimators.chunks.sample_parts`) read from the
+    store, as :mod:`~dspark_obs.estimators.ceiling.fit_parts` sums them: the rid-range parts of a whole
+    run in one read spanning them (then cut by their steps); a sample's parts (their blocks' ranges) and a
+    part of steps without a rid each on its own."""
     ranged = [p for p in parts if "chunk_lo" in p.params]
     out = []
     if ranged:
@@ -127,7 +129,7 @@ def load_fit_parts(con, plan: "RunPlan", parts: list, root) -> list[FitPart]:
 
 def _load(con, plan: "RunPlan", chunk: Chunk, root) -> ChunkInputs:
     return load_inputs(con, plan.run_id, root, chunk, plan.gamma, inferred=plan.inferred,
-                       temperature=plan.temperature)[0]
+                       temperature=plan.temperature, mode=plan.mode, requests=plan.requests)[0]
 
 
 def _cut(whole: FitPart, parts: list, run_id: str) -> list[FitPart]:
@@ -179,6 +181,7 @@ class RunPlan:
     sglang_logprobs: pa.Table | None
     temperature: float | None
     model: CeilingFit | None = None   # None: fitted on the only chunk, as one pass would
+    requests: RunRequests | None = None   # the run's requests, looked up by every chunk
 
 
 def plan_estimate(con, run_id: str, root, *, companion, method, sglang_logprobs, chunk_rows: int, fit_rows: int,
@@ -196,7 +199,8 @@ def plan_estimate(con, run_id: str, root, *, companion, method, sglang_logprobs,
     if companion is None and mode == "compact":
         companion = pairing.companion_of(con, run_id)
     plan = RunPlan(run_id, rids, counts, chunks, sample, mode, gamma, companion, method,
-                   infer_sampling(con, run_id, alpha), sglang_logprobs, temperature)
+                   infer_sampling(con, run_id, alpha), sglang_logprobs, temperature,
+                   requests=RunRequests.read(con, run_id))
     if given is not None:
         plan.model = _check_fit(given, run_id, gamma)
     elif fit and not fits_on_one_chunk(plan):
@@ -212,7 +216,7 @@ def estimate_chunks(con, plan: RunPlan, chunks: list, root, *, n_bootstrap: int,
     model = plan.model
     for chunk in chunks:
         x, mode, gamma = load_inputs(con, plan.run_id, root, chunk, plan.gamma, inferred=plan.inferred,
-                                 temperature=plan.temperature)
+                                 temperature=plan.temperature, mode=plan.mode, requests=plan.requests)
         if model is None:  # kept on the plan: the result carries the fit it used (estimate --fit-out)
             model = plan.model = _fit_on_chunk(x, plan, gamma)
         part = _estimate_chunk(con, plan.run_id, x, chunk, mode=mode, gamma=gamma, method=plan.method, model=model,
