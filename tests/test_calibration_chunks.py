@@ -163,3 +163,21 @@ def test_a_run_without_confidences_is_refused_with_the_fix(tmp_path, generated, 
     store.write("step_reqs", "bench", reqs)
     with pytest.raises(cal.CalibrationDataError, match="recorded no confidence or survival"):
         cal.calibrate_run(store, "bench", labels="observed", n_bootstrap=0, write=False, chunk_rows=chunk_rows)
+
+
+def test_estimates_are_matched_to_steps_on_rid_step_and_anchor_as_the_inner_join_matches_them():
+    from dspark_obs.estimators.calibration.events import with_estimates
+
+    steps = pa.table({"rid": ["a", "a", "b", None, "c"], "forward_ct": [1, 2, 1, 1, 7],
+                      "prefix_len": [10, 12, 20, 5, 30], "verify_len": [2, 2, 2, 2, 2]})
+    estimates = pa.table({"rid": ["b", "a", "a", "z", "c"], "forward_ct": [1, 2, 1, 1, 7],
+                          "prefix_len": [20, 12, 10, 5, 31],           # c's anchor differs: no match
+                          "mid": [0.5, 2.0, 1.0, 3.0, 1.5],
+                          "survival_mid": pa.array([[0.5], [1.0], [1.0], [1.0], [0.7]], pa.list_(pa.float32()))})
+    got = with_estimates(steps, estimates)
+    assert got.column("has_estimate").to_pylist() == [True, True, True, False, False]
+    assert got.column("mid").to_pylist() == [1.0, 2.0, 0.5, None, None]
+    assert got.column("survival_mid").to_pylist() == [[1.0], [1.0], [0.5], None, None]
+    assert got.select(steps.column_names).equals(steps)                 # the steps as they came
+    twice = pa.concat_tables([estimates, estimates.slice(0, 1)])
+    assert with_estimates(steps, twice) is None                          # a step with two estimates

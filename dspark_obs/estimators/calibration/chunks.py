@@ -120,21 +120,20 @@ def plan_run(con, run_id: str, *, labels: str, companion: str | None, chunk_rows
 class RunReads:
     """How a run's chunks are read for its label kinds: observed and reconstructed from one read.
 
-    ``fused`` is the outer read's ``(sql, params)`` (steps with their ceiling estimate where there is
-    one, :func:`~.events.split_outer`) when both kinds are planned; other kinds read on their own.
+    ``fused`` is the outer read (steps with their ceiling estimate where there is one,
+    :class:`~.events.OuterRead`) when both kinds are planned; other kinds read on their own.
     """
 
     run_id: str
     plans: dict                     # label kind -> RunPlan, in the order they are reported
     requests: RunRequests           # the run's, for every chunk's workloads
-    fused: tuple | None = None
+    fused: events.OuterRead | None = None
 
     @classmethod
     def of(cls, con, run_id: str, plans: dict) -> "RunReads":
         fused = None
         if {"observed", "reconstructed"} <= set(plans) and plans["observed"].mode not in ("cap-accept", "static"):
-            query, params, *_ = events.events_query(con, run_id, labels="reconstructed", outer=True)
-            fused = (query, params)
+            fused = events.OuterRead.of(con, run_id)
         return cls(run_id, plans, RunRequests.read(con, run_id), fused)
 
     def subset(self, kinds) -> "RunReads":
@@ -147,9 +146,8 @@ class RunReads:
         predictions; the outer read is used only when it gives one row per step (one estimate per step)."""
         out = {}
         if self.fused is not None:
-            query, params = self.fused
-            table = events.fetch(con, events.events_sql(query, chunk), {**params, **chunk.params})
-            if table.num_rows == steps:
+            table = self.fused.read(con, chunk)
+            if table is not None and table.num_rows == steps:
                 ref = self.plans["observed"]
                 out = events.split_outer(table, self.run_id, ref.mode, ref.gamma, ("observed", "reconstructed"),
                                          self.requests)
