@@ -397,38 +397,46 @@ def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int,
     bootstrap weights are the columns of ``weights`` [resamples, n_units]; the per-request sums
     the bootstrap reweights go to ``boot_parts`` (:func:`_add_bootstrap`).
 
-    A request is in one workload, and equal-width bins are the same in every cell, so the resampled
-    sums of the all-workloads cell (``every``, given with a workload's cell) are the sums of its
-    workloads' for those binnings: they are added there from the workloads' products, not reweighted
-    again (equal-mass bins have each cell's own edges: that cell reweights them itself)."""
+    A request is in one workload, and equal-width bins are the same in every cell, so every sum of
+    the all-workloads cell (``every``, given with a workload's cell) but its equal-mass bins is the sum
+    of its workloads': counts, sums, per-request moments and equal-width bins, resampled or not, are
+    added there from each workload's steps.  Called for the all-workloads cell itself (``every`` None),
+    it adds only its equal-mass bins, whose edges are its own."""
     ok = ~np.isnan(y) & ~np.isnan(p)
     y, p, g = y[ok], np.clip(p[ok], 0.0, 1.0), g[ok]
     if not y.size:
         return
+    whole = every is None
+    cells = [cell] if whole else [cell, every]
     n_g = np.bincount(g, minlength=n_units).astype(np.float64)
     y_g = np.bincount(g, weights=y, minlength=n_units)
-    cell.n += int(y.size)
-    cell.n_requests += int(np.count_nonzero(n_g))
-    cell.clustered = cell.clustered + [float(y_g @ y_g), float(y_g @ n_g), float(n_g @ n_g)]
     steps = None if weights is None else np.column_stack(   # per request: steps, squared errors, labels
         [n_g, np.bincount(g, weights=(p - y) ** 2, minlength=n_units), y_g])
-    cell.p_sum += float(p.sum())
-    cell.y_sum += float(y.sum())
-    cell.sq_sum += float(np.sum((p - y) ** 2))
     pc = np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB)
-    cell.log_sum += float(np.sum(y * np.log(pc) + (1.0 - y) * np.log1p(-pc)))
+    if not whole:
+        n_requests, moments = int(np.count_nonzero(n_g)), [float(y_g @ y_g), float(y_g @ n_g), float(n_g @ n_g)]
+        sums = (float(p.sum()), float(y.sum()), float(np.sum((p - y) ** 2)),
+                float(np.sum(y * np.log(pc) + (1.0 - y) * np.log1p(-pc))))
+        for c in cells:
+            c.n += int(y.size)
+            c.n_requests += n_requests
+            c.clustered = c.clustered + moments
+            c.p_sum, c.y_sum, c.sq_sum, c.log_sum = (
+                a + b for a, b in zip((c.p_sum, c.y_sum, c.sq_sum, c.log_sum), sums))
     for name, (n_bins, strategy, edges) in binnings.items():
-        b = metrics.binned(y, pc, n_bins, strategy, edges=edges)
-        acc = cell.bins.setdefault(name, [np.zeros(n_bins) for _ in range(3)])
-        for a, s in zip(acc, (b.count, b.pred_sum, b.true_sum)):
-            a += s
         shared = strategy == "uniform"
-        if weights is None or (shared and every is None):   # the all-workloads cell: from its workloads'
+        if whole and shared:    # from its workloads'
+            continue
+        b = metrics.binned(y, pc, n_bins, strategy, edges=edges)
+        for c in cells if shared else [cell]:
+            acc = c.bins.setdefault(name, [np.zeros(n_bins) for _ in range(3)])
+            for a, s in zip(acc, (b.count, b.pred_sum, b.true_sum)):
+                a += s
+        if weights is None:
             continue
         count, psum, ysum = metrics.request_bins(g, b.ids, pc, y, n_units, n_bins)
         per = np.hstack([count, psum, ysum, steps])   # RequestSums.columns' layout
-        targets = [cell.boot] if not (shared and every is not None) else [cell.boot, every.boot]
-        boot_parts.append((targets, name, per))
+        boot_parts.append(([c.boot for c in cells] if shared else [cell.boot], name, per))
 
 
 def _rows(cell: _Cell, auroc: tuple, workload: str, k: int, labels: str, plan: RunPlan, binnings, level: float,
