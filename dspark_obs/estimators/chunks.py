@@ -8,9 +8,9 @@ for steps without a rid), so that concatenating them gives exactly the rows,
 in exactly the order, of one pass ordered by rid.
 
 What needs the whole run is handled apart: the acceptance model is fitted on a
-**sample** of whole requests chosen by a hash of their rid (the same requests
-for the same run, on every machine and version; every request when the run
-holds at most ``fit_rows`` steps), and summaries are accumulated from per-chunk
+**sample** of blocks of consecutive whole requests chosen by a hash of their
+first rid (the same requests for the same run, on every machine and version;
+every request when the run holds at most ``fit_rows`` steps), and summaries are accumulated from per-chunk
 sufficient statistics (:mod:`~dspark_obs.estimators.ceiling.stats`).
 
 The predicates are SQL text with bound parameters (``$chunk_lo`` ...), to be

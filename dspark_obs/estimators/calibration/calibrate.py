@@ -175,8 +175,8 @@ def calibrate_run(con_or_store, run_id: str, *, labels: str = "observed", compan
     chunk of whole requests at a time, so memory does not grow with the run
     (:mod:`~dspark_obs.estimators.calibration.chunks`): every figure is then the
     one-pass value up to the order of float additions, except AUROC and the
-    edges of equal-mass bins, which come from a sample of whole requests chosen
-    by rid hash (``sample_rows`` steps, default 500k) when the run holds more.
+    edges of equal-mass bins, which come from a sample of blocks of whole requests
+    chosen by rid hash (``sample_rows`` steps, default 500k) when the run holds more.
     ``progress(done_steps, total_steps)`` is called after each chunk.
     ``engine`` (a :class:`dspark_obs.ray_engine.RayEngine`) sums shards of the
     requests (by rid hash) as Ray tasks, whatever the run's size: the chunked

@@ -16,8 +16,8 @@ estimator reads them: :mod:`~dspark_obs.estimators.chunks`) add up to the run's 
   add up to the one-pass sums.
 
 Two need every step at once: **AUROC** (a ranking) and the **edges of
-equal-mass bins** (quantiles).  They come from a bounded sample of whole
-requests chosen by a hash of their rid (``sample_rows`` steps; the whole run
+equal-mass bins** (quantiles).  They come from a bounded sample of blocks of
+whole requests chosen by a hash of their rid (``sample_rows`` steps; the whole run
 when it fits, and then they are exact).  The bins' counts and sums still cover
 every step.
 """

@@ -219,7 +219,7 @@ def fit_sts_run(con_or_store, run_id: str, *, labels: str = "observed", companio
     that know the full block — a cap-accept run's own (``observed``), a
     ``companion`` or ``reconstructed`` — a compact run's ``observed`` labels drop
     the censored tails and bias the fit.  ``sample_rows``: fit on whole requests
-    holding about that many steps, chosen by a hash of their rid
+    holding about that many steps, in blocks chosen by a hash of their rid
     (:func:`~dspark_obs.estimators.chunks.sample_requests`, the same requests on
     every re-run), when the run holds more — six temperatures need far fewer
     steps than a run of millions has, and the grid search costs each step once

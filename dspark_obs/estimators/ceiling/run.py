@@ -67,8 +67,9 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     steps (default 200k): the acceptance model behind ``mid`` (the temperature
     drafts, and the unverifiable tail of a step whose output ran out) and the
     stand-in ``a_k`` of ``method="sglang"`` where a confidence is missing is
-    fitted on a sample of whole requests chosen by a hash of their rid (the same
-    sample for the same run), not on every verified draft.  The
+    fitted on a sample of blocks of whole requests chosen by a hash of their rid
+    (:func:`~dspark_obs.estimators.chunks.sample_requests`; the same sample for the
+    same run), not on every verified draft.  The
     categories and greedy ``lo``/``mid``/``hi`` do not depend on the fit.
     ``progress(done_steps, total_steps)`` is called after each chunk.
 
