@@ -34,6 +34,7 @@ import pyarrow as pa
 from dspark_obs import schema
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration import events, metrics
+from dspark_obs.estimators.calibration.cell_sums import Cell, add_events
 from dspark_obs.estimators.calibration.resampling import figures_of_sums
 from dspark_obs.estimators.calibration.rows import cell_rows, resample_table_of
 from dspark_obs.estimators.chunks import Chunk, plan_chunks, sample_requests
@@ -163,35 +164,6 @@ def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk, requests: 
     return events.events_of(table, run_id, labels, plan.mode, plan.gamma, plan.source, requests)
 
 
-@dataclass
-class _Cell:
-    """Sums of one workload x position (and its binnings) over the chunks so far."""
-
-    n: int = 0
-    n_requests: int = 0
-    p_sum: float = 0.0
-    y_sum: float = 0.0
-    sq_sum: float = 0.0
-    log_sum: float = 0.0
-    clustered: np.ndarray = field(default_factory=lambda: np.zeros(3))  # sums over requests of Y^2, Y N, N^2
-    edges: dict = field(default_factory=dict)  # binning -> bin edges
-    bins: dict = field(default_factory=dict)   # binning -> [count, pred_sum, true_sum]
-    boot: dict = field(default_factory=dict)   # binning -> W @ per-request sums (RequestSums.columns)
-
-    def __add__(self, other: "_Cell") -> "_Cell":
-        """The cell of two disjoint sets of whole requests (the same bin edges)."""
-        out = _Cell(self.n + other.n, self.n_requests + other.n_requests, self.p_sum + other.p_sum,
-                    self.y_sum + other.y_sum, self.sq_sum + other.sq_sum, self.log_sum + other.log_sum,
-                    self.clustered + other.clustered, {**other.edges, **self.edges})
-        for name in {*self.bins, *other.bins}:
-            a, b = self.bins.get(name), other.bins.get(name)
-            out.bins[name] = [x + y for x, y in zip(a, b)] if a and b else list(a or b)
-        for name in {*self.boot, *other.boot}:
-            a, b = self.boot.get(name), other.boot.get(name)
-            out.boot[name] = a + b if a is not None and b is not None else (a if a is not None else b)
-        return out
-
-
 def summarise_in_chunks(con, reads: RunReads, *, binnings, n_bootstrap: int, confidence_level: float, seed: int,
                         sample_rows: int = DEFAULT_SAMPLE_ROWS, progress: Callable[[int, int], None] | None = None,
                         accumulate: Callable | None = None) -> dict[str, tuple[pa.Table, pa.Table, pa.Table, tuple]]:
@@ -234,7 +206,7 @@ def _tables(con, run_id: str, labels: str, plan: RunPlan, sample: "SampleEdges",
     names = sorted({w for w, _ in cells} - {"*"})
     for w in ["*", *names]:
         for k in range(sample.gamma):
-            cell = cells.get((w, k), _Cell())
+            cell = cells.get((w, k), Cell())
             y, p, g = sample.labelled.get((w, k), (np.zeros(0), np.zeros(0), np.zeros(0, np.int64)))
             auroc = tuple(map(metrics.none_if_nan, metrics.clustered_auroc(y, p, g))) if y.size else (None, None)
             r, b, s = _rows(cell, auroc, w, k, labels, plan, binnings, confidence_level, n_bootstrap)
@@ -320,7 +292,7 @@ def accumulate_chunks(con, reads: RunReads, chunks: list, *, specs: dict, edges:
                 groups.append(group)
             group.append((sums[kind][0], ev, edges[kind]))
         for group in groups:
-            _add_events(group, specs, n_bootstrap, seed)
+            add_events(group, specs, n_bootstrap, seed)
         if progress is not None:
             progress(chunk.rows)
     return sums
@@ -328,42 +300,6 @@ def accumulate_chunks(con, reads: RunReads, chunks: list, *, specs: dict, edges:
 
 def _same_steps(a: events.RunEvents, b: events.RunEvents) -> bool:
     return len(a.rid) == len(b.rid) and np.array_equal(a.rid, b.rid) and np.array_equal(a.workload, b.workload)
-
-
-def _add_events(kinds: list[tuple[dict, events.RunEvents, BinEdges]], specs: dict, n_bootstrap: int,
-                seed: int) -> None:
-    """Add one chunk's events to their cells, for label kinds of the same steps: ``[(cells, events, edges)]``;
-    each request's weights are drawn once, and each workload's sums of every kind reweighted in one product."""
-    ev0 = kinds[0][1]
-    units, unit = _local_units(ev0.rid)   # each unit's weights are drawn once, whatever groups it is in
-    drawn = (bootstrap.poisson_weights(bootstrap.run_unit_keys(ev0.run_id, units), n_bootstrap, seed)
-             if n_bootstrap else None)
-    for w, mask in _groups(ev0.workload):
-        rows = np.flatnonzero(mask)
-        cols, local = _local_units(unit[rows])
-        weights = drawn[:, np.asarray(cols, dtype=np.int64)] if drawn is not None else None
-        boot: list = []   # the cells' per-unit sums: one product with the weights for all of them
-        for cells, ev, edges in kinds:
-            for k in range(ev.gamma):
-                cell = cells.setdefault((w, k), _Cell())
-                _add(cell, ev.y[rows, k], ev.survival[rows, k], local, len(cols), weights,
-                     {name: (*specs[name], cell.edges.setdefault(name, edges(w, k, name))) for name in specs}, boot,
-                     every=None if w == "*" else cells[("*", k)])
-        _add_bootstrap(weights, boot)
-
-
-def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
-    """``acc[key] += weights @ part`` for each ``acc`` of ``accs`` of each ``(accs, key, part)`` of ``pending``,
-    as one matrix product."""
-    if weights is None or not pending:
-        return
-    product = weights @ np.concatenate([part for _, _, part in pending], axis=1)
-    at = 0
-    for accs, key, part in pending:
-        block = product[:, at:at + part.shape[1]]
-        for acc in accs:
-            acc[key] = acc[key] + block if key in acc else block.copy()
-        at += part.shape[1]
 
 
 def merge_cells(parts: list[dict]) -> dict[str, tuple[dict, dict]]:
@@ -391,55 +327,7 @@ def _local_units(units: np.ndarray) -> tuple[list, np.ndarray]:
     return list(uniques), codes.astype(np.int64)
 
 
-def _add(cell: _Cell, y: np.ndarray, p: np.ndarray, g: np.ndarray, n_units: int, weights: np.ndarray | None,
-         binnings: dict, boot_parts: list, every: _Cell | None = None) -> None:
-    """Add one chunk's steps of a cell; ``g`` numbers their requests 0..n_units-1, whose
-    bootstrap weights are the columns of ``weights`` [resamples, n_units]; the per-request sums
-    the bootstrap reweights go to ``boot_parts`` (:func:`_add_bootstrap`).
-
-    A request is in one workload, and equal-width bins are the same in every cell, so every sum of
-    the all-workloads cell (``every``, given with a workload's cell) but its equal-mass bins is the sum
-    of its workloads': counts, sums, per-request moments and equal-width bins, resampled or not, are
-    added there from each workload's steps.  Called for the all-workloads cell itself (``every`` None),
-    it adds only its equal-mass bins, whose edges are its own."""
-    ok = ~np.isnan(y) & ~np.isnan(p)
-    y, p, g = y[ok], np.clip(p[ok], 0.0, 1.0), g[ok]
-    if not y.size:
-        return
-    whole = every is None
-    cells = [cell] if whole else [cell, every]
-    n_g = np.bincount(g, minlength=n_units).astype(np.float64)
-    y_g = np.bincount(g, weights=y, minlength=n_units)
-    steps = None if weights is None else np.column_stack(   # per request: steps, squared errors, labels
-        [n_g, np.bincount(g, weights=(p - y) ** 2, minlength=n_units), y_g])
-    pc = np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB)
-    if not whole:
-        n_requests, moments = int(np.count_nonzero(n_g)), [float(y_g @ y_g), float(y_g @ n_g), float(n_g @ n_g)]
-        sums = (float(p.sum()), float(y.sum()), float(np.sum((p - y) ** 2)),
-                float(np.sum(y * np.log(pc) + (1.0 - y) * np.log1p(-pc))))
-        for c in cells:
-            c.n += int(y.size)
-            c.n_requests += n_requests
-            c.clustered = c.clustered + moments
-            c.p_sum, c.y_sum, c.sq_sum, c.log_sum = (
-                a + b for a, b in zip((c.p_sum, c.y_sum, c.sq_sum, c.log_sum), sums))
-    for name, (n_bins, strategy, edges) in binnings.items():
-        shared = strategy == "uniform"
-        if whole and shared:    # from its workloads'
-            continue
-        b = metrics.binned(y, pc, n_bins, strategy, edges=edges)
-        for c in cells if shared else [cell]:
-            acc = c.bins.setdefault(name, [np.zeros(n_bins) for _ in range(3)])
-            for a, s in zip(acc, (b.count, b.pred_sum, b.true_sum)):
-                a += s
-        if weights is None:
-            continue
-        count, psum, ysum = metrics.request_bins(g, b.ids, pc, y, n_units, n_bins)
-        per = np.hstack([count, psum, ysum, steps])   # RequestSums.columns' layout
-        boot_parts.append(([c.boot for c in cells] if shared else [cell.boot], name, per))
-
-
-def _rows(cell: _Cell, auroc: tuple, workload: str, k: int, labels: str, plan: RunPlan, binnings, level: float,
+def _rows(cell: Cell, auroc: tuple, workload: str, k: int, labels: str, plan: RunPlan, binnings, level: float,
           n_boot: int) -> tuple[list[dict], list[dict], list[pa.Table]]:
     base = {"workload": workload, "position": k + 1, "labels": labels}
     common = {"mode": plan.mode or None, "label_source": plan.source, "n": cell.n, "n_requests": cell.n_requests,

@@ -1,0 +1,360 @@
+"""One chunk's calibration sums, added to the run's cells: every label kind, workload and position at once.
+
+A cell is a (workload, position) of one label kind; it holds what :mod:`~.chunks` turns into the
+``calibration`` rows: counts and sums, per binning the bins' counts and sums, and the bootstrap's
+``weights @ per-request sums``.  A chunk of whole requests adds to its cells in a few passes over all of
+its steps (a count per statistic, keyed by cell, or by request and bin), where a pass per cell, position
+and binning cost ~100 ns a value; what remains per cell is arithmetic on per-request arrays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+from dspark_obs.estimators import stats as bootstrap
+from dspark_obs.estimators.calibration import events, metrics
+
+__all__ = ["Cell", "CellBins", "add_events"]
+
+
+class CellBins:
+    """:func:`bin_ids` of rows that belong to different cells, each cell with its own edges, in one pass.
+
+    ``metrics.bin_ids(p[i], edges[cell[i]], strategy)`` for every row ``i``.  An equal-mass bin is looked up in
+    a table per cell: for each bucket ``[b/M, (b+1)/M)`` (``M`` = :attr:`BUCKETS`, a power of two, so
+    ``floor(p * M)`` is exact) the bin every ``p`` in it falls in, unless an edge falls inside the bucket;
+    those rows (few) are searched as :func:`bin_ids` searches.  A chunk of a large run bins its steps of
+    every workload and position at once, where a search per cell cost ~24 ns a value.
+    """
+
+    BUCKETS = 1 << 16
+    _tables: dict = {}   # edges (bytes) -> (bin per bucket, edge inside the bucket): a run's edges recur
+
+    def __init__(self, edges: list[np.ndarray], strategy: str) -> None:
+        self.edges, self.strategy = [np.asarray(e, dtype=np.float64) for e in edges], strategy
+        if strategy == "quantile" and self.edges:
+            tables = [self._table(e) for e in self.edges]
+            self.bin_of = np.stack([t[0] for t in tables]).reshape(-1)
+            self.edge_in = np.stack([t[1] for t in tables]).reshape(-1)
+
+    @classmethod
+    def _table(cls, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        key = edges.tobytes()
+        found = cls._tables.get(key)
+        if found is None:
+            grid = np.arange(cls.BUCKETS + 1, dtype=np.float64) / cls.BUCKETS
+            below = np.searchsorted(edges[1:-1], grid)   # interior edges < each bucket's start
+            found = (below[:-1].astype(np.min_scalar_type(edges.size)), below[1:] != below[:-1])
+            if len(cls._tables) > 4096:
+                cls._tables.clear()
+            cls._tables[key] = found
+        return found
+
+    def __call__(self, p: np.ndarray, cell: np.ndarray) -> np.ndarray:
+        """Bin ids (int64) of ``p`` (clamped to [0, 1]) whose cells are ``cell`` (indices into ``edges``)."""
+        p, cell = np.asarray(p, dtype=np.float64), np.asarray(cell, dtype=np.int64)
+        if self.strategy == "uniform":   # the same edges in every cell
+            return metrics.bin_ids(p, self.edges[0], "uniform") if self.edges else np.zeros(p.size, np.int64)
+        if not p.size:
+            return np.zeros(0, np.int64)
+        at = cell * self.BUCKETS + np.minimum((p * self.BUCKETS).astype(np.int64), self.BUCKETS - 1)
+        ids = self.bin_of[at].astype(np.int64)
+        near = np.flatnonzero(self.edge_in[at])
+        if near.size:
+            near_cell = cell[near]
+            for c in np.unique(near_cell):
+                rows = near[near_cell == c]
+                ids[rows] = metrics.bin_ids(p[rows], self.edges[c], "quantile")
+        return ids
+
+
+@dataclass
+class Cell:
+    """Sums of one workload x position (and its binnings) over the chunks so far."""
+
+    n: int = 0
+    n_requests: int = 0
+    p_sum: float = 0.0
+    y_sum: float = 0.0
+    sq_sum: float = 0.0
+    log_sum: float = 0.0
+    clustered: np.ndarray = field(default_factory=lambda: np.zeros(3))  # sums over requests of Y^2, Y N, N^2
+    edges: dict = field(default_factory=dict)  # binning -> bin edges
+    bins: dict = field(default_factory=dict)   # binning -> [count, pred_sum, true_sum]
+    boot: dict = field(default_factory=dict)   # binning -> W @ per-request sums (RequestSums.columns)
+
+    def __add__(self, other: "Cell") -> "Cell":
+        """The cell of two disjoint sets of whole requests (the same bin edges)."""
+        out = Cell(self.n + other.n, self.n_requests + other.n_requests, self.p_sum + other.p_sum,
+                    self.y_sum + other.y_sum, self.sq_sum + other.sq_sum, self.log_sum + other.log_sum,
+                    self.clustered + other.clustered, {**other.edges, **self.edges})
+        for name in {*self.bins, *other.bins}:
+            a, b = self.bins.get(name), other.bins.get(name)
+            out.bins[name] = [x + y for x, y in zip(a, b)] if a and b else list(a or b)
+        for name in {*self.boot, *other.boot}:
+            a, b = self.boot.get(name), other.boot.get(name)
+            out.boot[name] = a + b if a is not None and b is not None else (a if a is not None else b)
+        return out
+
+
+def add_events(kinds: list[tuple[dict, events.RunEvents, Callable]], specs: dict, n_bootstrap: int,
+                seed: int) -> None:
+    """Add one chunk's events to their cells, for label kinds of the same steps: ``[(cells, events, edges)]``.
+
+    Every kind's steps of every workload and position are summed at once (bin counts per cell and per
+    request by one count of each); each request's weights are drawn once, and each workload's per-request
+    sums of every kind reweighted in one product.  A request is in one workload, and equal-width bins are
+    the same in every cell, so every sum of the all-workloads cell but its equal-mass bins is the sum of its
+    workloads': counts, sums, per-request moments and equal-width bins, resampled or not, are added there
+    from each workload's; its equal-mass bins, whose edges are its own, are counted on its own steps.
+    """
+    ev0 = kinds[0][1]
+    units = _ChunkUnits.of(ev0.rid, ev0.workload)
+    drawn = (bootstrap.poisson_weights(bootstrap.run_unit_keys(ev0.run_id, units.names), n_bootstrap, seed)
+             if n_bootstrap else None)
+    shared, sums = _ChunkSteps.of(ev0.survival, units), []
+    for cells, ev, edges in kinds:
+        for w in ["*", *units.workloads]:
+            for k in range(ev.gamma):
+                cell = cells.setdefault((w, k), Cell())
+                for name in specs:
+                    cell.edges.setdefault(name, edges(w, k, name))
+        same = ev.survival is ev0.survival or np.array_equal(ev.survival, ev0.survival, equal_nan=True)
+        sums.append(_KindSums.of(ev, shared if same else _ChunkSteps.of(ev.survival, units), specs, cells,
+                                 with_units=drawn is not None))
+    for (cells, ev, _), got in zip(kinds, sums):
+        got.add_to_cells(cells, units.workloads)
+    if drawn is None:
+        return
+    for w, workload in enumerate(units.workloads):   # one product per workload, every kind's sums side by side
+        span = slice(units.bounds[w], units.bounds[w + 1])
+        pending = []
+        for (cells, ev, _), got in zip(kinds, sums):
+            for k in range(ev.gamma):
+                if got.n[w, k]:
+                    for b in specs:
+                        shared = specs[b][1] == "uniform"
+                        mine = cells[(workload, k)].boot
+                        accs = [mine, cells[("*", k)].boot] if shared else [mine]
+                        pending.append((accs, b, got.unit_columns(b, k, span)))
+        _add_bootstrap(drawn[:, units.unit_of[span]], pending)
+    pending = []   # the all-workloads cell's equal-mass bins, over all of the chunk's requests
+    for (cells, ev, _), got in zip(kinds, sums):
+        for k in range(ev.gamma):
+            if got.n[:, k].any():
+                for b in specs:
+                    if specs[b][1] != "uniform":
+                        pending.append(([cells[("*", k)].boot], b,
+                                        got.unit_columns(b, k, units.by_request, every=True)))
+    _add_bootstrap(drawn[:, units.unit_of[units.by_request]], pending)
+
+
+@dataclass(frozen=True)
+class _ChunkUnits:
+    """A chunk's requests (the bootstrap's units) by workload.
+
+    Each (request, workload) pair of the chunk is a *cell unit*; they are numbered workload by workload,
+    each workload's in the order of their first step, so a workload's units are one span
+    (``bounds[w]:bounds[w + 1]``) and its weights the columns ``unit_of`` of the drawn ones.
+    """
+
+    names: list                # distinct requests, in the order of their first step (weights drawn for these)
+    workloads: list            # distinct workloads, in the order of their first step
+    step_unit: np.ndarray      # [n] each step's cell unit
+    step_workload: np.ndarray  # [n] each step's workload
+    unit_of: np.ndarray        # [cell units] request of each, index into names
+    bounds: np.ndarray         # [workloads + 1] span of each workload's cell units
+    by_request: np.ndarray     # cell units in the order of their request's first step (the all-workloads cell)
+
+    @classmethod
+    def of(cls, unit: np.ndarray, workload: np.ndarray) -> "_ChunkUnits":
+        n = len(unit)
+        if n and _runs_are_distinct(unit, workload):   # events in request order: a pair per run of rows
+            change = np.ones(n, dtype=bool)
+            change[1:] = (unit[1:] != unit[:-1]) | (workload[1:] != workload[:-1])
+            heads = np.flatnonzero(change)
+            pair = np.cumsum(change) - 1
+            pair_unit, names = pd.factorize(np.asarray(unit[heads], dtype=object), use_na_sentinel=False)
+            pair_workload, workloads = pd.factorize(np.asarray(workload[heads], dtype=object), use_na_sentinel=False)
+        else:
+            ucode, names = pd.factorize(np.asarray(unit, dtype=object), use_na_sentinel=False)
+            wcode, workloads = pd.factorize(np.asarray(workload, dtype=object), use_na_sentinel=False)
+            pair, firsts = pd.factorize(ucode.astype(np.int64) * max(len(workloads), 1) + wcode)
+            pair_unit, pair_workload = firsts // max(len(workloads), 1), firsts % max(len(workloads), 1)
+        pair_unit, pair_workload = np.asarray(pair_unit, np.int64), np.asarray(pair_workload, np.int64)
+        order = np.argsort(pair_workload, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        step_unit = rank[pair] if n else np.zeros(0, np.int64)
+        bounds = np.searchsorted(pair_workload[order], np.arange(len(workloads) + 1))
+        unit_of = pair_unit[order]
+        return cls(list(names), [str(w) for w in workloads], step_unit, pair_workload[pair] if n else np.zeros(0, np.int64),
+                   unit_of, bounds, np.argsort(unit_of, kind="stable"))
+
+
+def _runs_are_distinct(unit: np.ndarray, workload: np.ndarray) -> bool:
+    """Whether each (unit, workload) pair's rows are one run (rows sorted by request, the usual case)."""
+    change = np.ones(len(unit), dtype=bool)
+    change[1:] = (unit[1:] != unit[:-1]) | (workload[1:] != workload[:-1])
+    heads = np.flatnonzero(change)
+    return len(set(zip(unit[heads].tolist(), workload[heads].tolist()))) == heads.size
+
+
+@dataclass(frozen=True)
+class _ChunkSteps:
+    """What every label kind of a chunk's steps shares, flat over (step, position): the predictions
+    (clamped to [0, 1], to [EPS, 1 - EPS] and their logs, computed once for all kinds) and each
+    value's cell, position and cell unit (see :class:`_KindSums`)."""
+
+    units: _ChunkUnits
+    predicted: np.ndarray   # [n * gamma] bool: a prediction is there
+    p: np.ndarray
+    pc: np.ndarray
+    log_pc: np.ndarray
+    log1m_pc: np.ndarray
+    position: np.ndarray    # [n * gamma] k (0-based)
+    cell: np.ndarray        # workload * gamma + k
+    unit: np.ndarray        # k * cell units + cell unit
+
+    @classmethod
+    def of(cls, survival: np.ndarray, units: _ChunkUnits) -> "_ChunkSteps":
+        n, gamma = survival.shape
+        p = np.clip(survival.reshape(-1), 0.0, 1.0)
+        pc = np.clip(p, metrics.EPS_PROB, 1.0 - metrics.EPS_PROB)
+        position = np.tile(np.arange(gamma), n)
+        return cls(units, ~np.isnan(p), p, pc, np.log(pc), np.log1p(-pc), position,
+                   (units.step_workload[:, None] * gamma + np.arange(gamma)).reshape(-1),
+                   (np.arange(gamma) * units.unit_of.size + units.step_unit[:, None]).reshape(-1))
+
+
+@dataclass
+class _KindSums:
+    """One label kind's sums of a chunk, per (workload, position) cell and per cell unit (see :func:`_add_events`).
+
+    Per cell: ``n``, the sums of ``p``, ``y``, ``(p - y)^2`` and the log-likelihood, and per binning its bin
+    counts and sums; per cell unit and position the steps, squared errors and labels, and per binning the
+    bin counts and sums (:func:`~.metrics.request_bins`), which the bootstrap reweights.  ``every`` holds the
+    all-workloads cell's equal-mass bins.
+    """
+
+    n: np.ndarray                   # [workloads, gamma]
+    totals: np.ndarray              # [4, workloads, gamma]: p, y, squared error, log-likelihood
+    unit_steps: np.ndarray          # [3, gamma, cell units]: steps, squared errors, labels
+    bins: dict                      # binning -> [3, workloads, gamma, bins]
+    every_bins: dict                # quantile binning -> [3, gamma, bins] (the all-workloads cell's own)
+    unit_bins: dict                 # binning -> [3, gamma, cell units, bins]
+    every_unit_bins: dict           # quantile binning -> [3, gamma, cell units, bins]
+    bounds: np.ndarray              # [workloads + 1] span of each workload's cell units
+
+    @classmethod
+    def of(cls, ev: events.RunEvents, shared: "_ChunkSteps", specs: dict, cells: dict, *,
+           with_units: bool) -> "_KindSums":
+        units, gamma = shared.units, ev.gamma
+        n_w, n_u = len(units.workloads), units.unit_of.size
+        labels = ev.y.reshape(-1)
+        at = np.flatnonzero(shared.predicted & ~np.isnan(labels))   # rows in step order, positions within a step
+        y, p, pc, k = labels[at], shared.p[at], shared.pc[at], shared.position[at]
+        cell, unit = shared.cell[at], shared.unit[at]
+        sq = (p - y) ** 2
+        size = n_w * gamma
+
+        def per_cell(weights):
+            return np.bincount(cell, weights=weights, minlength=size).reshape(n_w, gamma)
+
+        def per_unit(weights=None):
+            return np.bincount(unit, weights=weights, minlength=gamma * n_u).reshape(gamma, n_u)
+
+        def by_workload(per: np.ndarray) -> np.ndarray:   # [3, gamma, units, ...] -> [3, gamma, workloads, ...]
+            if not n_u:
+                return np.zeros(per.shape[:2] + (n_w,) + per.shape[3:])
+            return np.add.reduceat(per, units.bounds[:-1], axis=2)
+
+        unit_steps = np.stack([per_unit().astype(np.float64), per_unit(sq), per_unit(y)])
+        steps, sq_sum, y_sum = by_workload(unit_steps).transpose(0, 2, 1)
+        loglik = y * shared.log_pc[at] + (1.0 - y) * shared.log1m_pc[at]
+        totals = np.stack([per_cell(p), y_sum, sq_sum, per_cell(loglik)])
+        n = steps.astype(np.int64)
+        bins, every_bins, unit_bins, every_unit_bins = {}, {}, {}, {}
+        for name, (n_bins, strategy) in specs.items():
+            edges = [cells[(w, j)].edges[name] for w in units.workloads for j in range(gamma)]
+            ids = CellBins(edges, strategy)(pc, cell)
+            if with_units:   # a cell's bins are its requests' (added up in the order of the requests)
+                unit_bins[name] = _bin_sums(unit, ids, pc, y, gamma * n_u, n_bins).reshape(3, gamma, n_u, n_bins)
+                bins[name] = by_workload(unit_bins[name]).transpose(0, 2, 1, 3)
+            else:
+                bins[name] = _bin_sums(cell, ids, pc, y, size, n_bins).reshape(3, n_w, gamma, n_bins)
+            if strategy == "uniform":
+                continue
+            every = CellBins([cells[("*", j)].edges[name] for j in range(gamma)], strategy)(pc, k)
+            if with_units:
+                every_unit_bins[name] = _bin_sums(unit, every, pc, y, gamma * n_u, n_bins).reshape(3, gamma, n_u, n_bins)
+                every_bins[name] = every_unit_bins[name].sum(axis=2)
+            else:
+                every_bins[name] = _bin_sums(k, every, pc, y, gamma, n_bins)
+        return cls(n, totals, unit_steps, bins, every_bins, unit_bins, every_unit_bins, units.bounds)
+
+    def add_to_cells(self, cells: dict, workloads: list) -> None:
+        """Add the sums to the kind's cells (those of a workload to the all-workloads cell too, but its
+        equal-mass bins)."""
+        gamma = self.n.shape[1]
+        for w, name in enumerate(workloads):
+            for k in range(gamma):
+                if not self.n[w, k]:
+                    continue
+                cell, every = cells[(name, k)], cells[("*", k)]
+                mine = slice(int(self.bounds[w]), int(self.bounds[w + 1]))
+                n_g, y_g = self.unit_steps[0, k, mine], self.unit_steps[2, k, mine]
+                moments = [float(y_g @ y_g), float(y_g @ n_g), float(n_g @ n_g)]
+                for c in (cell, every):
+                    c.n += int(self.n[w, k])
+                    c.n_requests += int(np.count_nonzero(n_g))
+                    c.clustered = c.clustered + moments
+                    c.p_sum, c.y_sum, c.sq_sum, c.log_sum = (
+                        a + float(b) for a, b in zip((c.p_sum, c.y_sum, c.sq_sum, c.log_sum), self.totals[:, w, k]))
+                for b, sums in self.bins.items():
+                    shared = b not in self.every_bins
+                    for c in (cell, every) if shared else (cell,):
+                        acc = c.bins.setdefault(b, [np.zeros(sums.shape[-1]) for _ in range(3)])
+                        for a, s in zip(acc, sums[:, w, k]):
+                            a += s
+        for k in range(gamma):
+            if not self.n[:, k].any():
+                continue
+            for b, sums in self.every_bins.items():
+                acc = cells[("*", k)].bins.setdefault(b, [np.zeros(sums.shape[-1]) for _ in range(3)])
+                for a, s in zip(acc, sums[:, k]):
+                    a += s
+
+    def unit_columns(self, name: str, k: int, units, *, every: bool = False) -> np.ndarray:
+        """Per cell unit of ``units`` (a span or an index array) the columns the bootstrap reweights, laid
+        out as :meth:`~.resampling.RequestSums.columns`: bin counts, prediction and label sums, then steps,
+        squared errors, labels."""
+        bins = (self.every_unit_bins if every else self.unit_bins)[name][:, k, units]
+        return np.hstack([bins[0], bins[1], bins[2], self.unit_steps[:, k, units].T])
+
+
+def _bin_sums(key: np.ndarray, ids: np.ndarray, p: np.ndarray, y: np.ndarray, groups: int, n_bins: int) -> np.ndarray:
+    """``[3, groups * n_bins]``: per group and bin the count and the sums of ``p`` and ``y``
+    (:func:`~.metrics.request_bins` of every group at once)."""
+    at = key * n_bins + ids
+    size = groups * n_bins
+    return np.stack([np.bincount(at, minlength=size).astype(np.float64), np.bincount(at, weights=p, minlength=size),
+                     np.bincount(at, weights=y, minlength=size)]).reshape(3, groups, n_bins)
+
+
+def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
+    """``acc[key] += weights @ part`` for each ``acc`` of ``accs`` of each ``(accs, key, part)`` of ``pending``,
+    as one matrix product."""
+    if weights is None or not pending:
+        return
+    product = weights @ np.concatenate([part for _, _, part in pending], axis=1)
+    at = 0
+    for accs, key, part in pending:
+        block = product[:, at:at + part.shape[1]]
+        for acc in accs:
+            acc[key] = acc[key] + block if key in acc else block.copy()
+        at += part.shape[1]
