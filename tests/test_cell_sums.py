@@ -1,0 +1,104 @@
+"""Tests for calibration.cell_sums: a chunk's sums of every cell at once, equal to a cell at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark_obs.estimators.calibration import events, metrics
+from dspark_obs.estimators.calibration.cell_sums import CellBins, add_events
+
+SPECS = {name: metrics.parse_binning(name) for name in metrics.BINNINGS}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 1.0, 0.5, 1e-8, 1 - 1e-8, 0.25])),
+                min_size=1, max_size=300),
+       st.integers(1, 4), st.integers(2, 40), st.integers(0, 2**31))
+def test_cell_bins_are_each_cell_s_own_bin_ids(values, n_cells, n_bins, seed):
+    """Looked up by table or searched near an edge, a value's bin is what bin_ids gives it with its cell's
+    edges (edges on values, repeated edges, values of 0 and 1 included)."""
+    rng = np.random.default_rng(seed)
+    p = np.asarray(values)
+    cell = rng.integers(0, n_cells, p.size)
+    edges = [metrics.bin_edges(np.clip(p[cell == c] if (cell == c).any() else p, 1e-8, 1 - 1e-8), n_bins, "quantile")
+             for c in range(n_cells)]
+    got = CellBins(edges, "quantile")(p, cell)
+    expected = [int(metrics.bin_ids(p[i:i + 1], edges[cell[i]], "quantile")[0]) for i in range(p.size)]
+    assert got.tolist() == expected
+    uniform = [metrics.bin_edges(p, n_bins, "uniform")] * n_cells
+    assert CellBins(uniform, "uniform")(p, cell).tolist() == metrics.bin_ids(p, uniform[0], "uniform").tolist()
+
+
+def _events(seed: int, *, n_requests: int = 40, gamma: int = 4) -> events.RunEvents:
+    """Steps of a few requests in request order, each request in one workload; NaN labels and predictions
+    here and there, as a compact run's censored tails and a step without confidences leave them."""
+    rng = np.random.default_rng(seed)
+    steps = rng.integers(1, 12, n_requests)
+    rid = np.repeat([f"r{i:03d}" for i in range(n_requests)], steps).astype(object)
+    workload = np.repeat(rng.choice(["chat", "code", "math"], n_requests), steps).astype(object)
+    n = rid.size
+    survival = np.cumprod(rng.uniform(0.5, 1.0, (n, gamma)), axis=1)
+    y = (rng.random((n, gamma)) < survival).astype(np.float64)
+    y[rng.random((n, gamma)) < 0.2] = np.nan
+    survival[rng.random(n) < 0.05] = np.nan
+    return events.RunEvents("run", "observed", "compact", gamma, "observed", rid, workload, np.zeros(n, np.int64),
+                            np.arange(n), survival, survival.copy(), y)
+
+
+def _edges(ev: events.RunEvents):
+    p = np.clip(ev.survival[~np.isnan(ev.survival)], 1e-8, 1 - 1e-8)
+    return lambda w, k, name: metrics.bin_edges(p, *SPECS[name])
+
+
+def _cells(ev: events.RunEvents, n_bootstrap: int) -> dict:
+    cells: dict = {}
+    add_events([(cells, ev, _edges(ev))], SPECS, n_bootstrap, 5)
+    return cells
+
+
+@pytest.mark.parametrize("n_bootstrap", [0, 20])
+def test_steps_out_of_request_order_give_the_same_cells(n_bootstrap):
+    """Rows of a request apart (the slow path that numbers requests by hashing) add to the cells what rows in
+    request order add (up to the order of float additions)."""
+    ev = _events(1)
+    order = np.random.default_rng(2).permutation(len(ev.rid))
+    shuffled = events.RunEvents(*(getattr(ev, f) for f in ("run_id", "labels", "mode", "gamma", "label_source")),
+                                *(getattr(ev, f)[order] for f in ("rid", "workload", "dp_rank", "forward_ct",
+                                                                  "survival", "confidence", "y")))
+    a, b = _cells(ev, n_bootstrap), _cells(shuffled, n_bootstrap)
+    assert a.keys() == b.keys()
+    for key in a:
+        x, y = a[key], b[key]
+        assert (x.n, x.n_requests) == (y.n, y.n_requests), key
+        np.testing.assert_allclose([x.p_sum, x.y_sum, x.sq_sum, x.log_sum, *x.clustered],
+                                   [y.p_sum, y.y_sum, y.sq_sum, y.log_sum, *y.clustered], rtol=1e-12)
+        for name in x.bins:
+            np.testing.assert_allclose(x.bins[name], y.bins[name], rtol=1e-12)
+        assert x.boot.keys() == y.boot.keys()
+        for name in x.boot:
+            np.testing.assert_allclose(x.boot[name], y.boot[name], rtol=1e-12)
+
+
+def test_a_cell_holds_its_steps_sums_and_the_all_workloads_cell_adds_its_workloads():
+    """Against a cell at a time: each workload's counts, sums and bins are those of its own steps; the
+    all-workloads cell's are the run's, and its equal-mass bins are counted with its own edges."""
+    ev = _events(3)
+    cells = _cells(ev, 0)
+    edges = _edges(ev)
+    for w in ("*", "chat", "code", "math"):
+        rows = np.ones(len(ev.rid), bool) if w == "*" else ev.workload == w
+        for k in range(ev.gamma):
+            y, p = ev.y[rows, k], ev.survival[rows, k]
+            ok = ~np.isnan(y) & ~np.isnan(p)
+            y, p = y[ok], np.clip(p[ok], 0, 1)
+            cell = cells[(w, k)]
+            assert cell.n == y.size and cell.n_requests == len(set(ev.rid[rows][ok]))
+            assert cell.y_sum == pytest.approx(y.sum()) and cell.p_sum == pytest.approx(p.sum())
+            for name, (n_bins, strategy) in SPECS.items():
+                b = metrics.binned(y, p, n_bins, strategy, edges=edges(w, k, name))
+                np.testing.assert_array_equal(cell.bins[name][0], b.count)
+                np.testing.assert_allclose(cell.bins[name][1], b.pred_sum, rtol=1e-12)
+                np.testing.assert_allclose(cell.bins[name][2], b.true_sum, rtol=1e-12)
