@@ -94,7 +94,7 @@ def _ceiling_table(steps: pa.Table, est, x: "ChunkInputs", method: str) -> pa.Ta
         "censored": pa.array(est.walk.censored), "category": _CATEGORY_NAMES.take(pa.array(est.walk.category)),
         "walked": pa.array(est.walk.n_walked.astype(np.int16)),
         "lo": pa.array(est.lo), "mid": pa.array(est.mid), "hi": pa.array(est.hi),
-        "method": pa.array([method] * n, pa.string()),
+        "method": pa.repeat(pa.scalar(method, pa.string()), n),
         "survival_mid": pa.FixedSizeListArray.from_arrays(
             pa.array(est.survival.astype(np.float32).reshape(-1)), est.survival.shape[1]).cast(pa.list_(pa.float32())),
     })
