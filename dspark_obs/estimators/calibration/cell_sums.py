@@ -140,7 +140,7 @@ def add_events(kinds: list[tuple[dict, events.RunEvents, Callable]], specs: dict
                         shared = specs[b][1] == "uniform"
                         mine = cells[(workload, k)].boot
                         accs = [mine, cells[("*", k)].boot] if shared else [mine]
-                        pending.append((accs, b, got.unit_columns(b, k, span)))
+                        pending.append((accs, b, *got.unit_columns(b, k, span)))
         _add_bootstrap(drawn[:, units.unit_of[span]], pending)
     pending = []   # the all-workloads cell's equal-mass bins, over all of the chunk's requests
     for (cells, ev, _), got in zip(kinds, sums):
@@ -149,7 +149,7 @@ def add_events(kinds: list[tuple[dict, events.RunEvents, Callable]], specs: dict
                 for b in specs:
                     if specs[b][1] != "uniform":
                         pending.append(([cells[("*", k)].boot], b,
-                                        got.unit_columns(b, k, units.by_request, every=True)))
+                                        *got.unit_columns(b, k, units.by_request, every=True)))
     _add_bootstrap(drawn[:, units.unit_of[units.by_request]], pending)
 
 
@@ -329,12 +329,13 @@ class _KindSums:
                 for a, s in zip(acc, sums[:, k]):
                     a += s
 
-    def unit_columns(self, name: str, k: int, units, *, every: bool = False) -> np.ndarray:
-        """Per cell unit of ``units`` (a span or an index array) the columns the bootstrap reweights, laid
-        out as :meth:`~.resampling.RequestSums.columns`: bin counts, prediction and label sums, then steps,
-        squared errors, labels."""
+    def unit_columns(self, name: str, k: int, units, *, every: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Per cell unit of ``units`` (a span or an index array) the columns the bootstrap reweights, of
+        :meth:`~.resampling.RequestSums.columns` (bin counts, prediction and label sums, then steps,
+        squared errors, labels) in two parts: the counts (bins', then steps), whole numbers, and the rest."""
         bins = (self.every_unit_bins if every else self.unit_bins)[name][:, k, units]
-        return np.hstack([bins[0], bins[1], bins[2], self.unit_steps[:, k, units].T])
+        steps = self.unit_steps[:, k, units]
+        return np.hstack([bins[0], steps[0][:, None]]), np.hstack([bins[1], bins[2], steps[1:].T])
 
 
 def _bin_sums(key: np.ndarray, ids: np.ndarray, p: np.ndarray, y: np.ndarray, groups: int, n_bins: int) -> np.ndarray:
@@ -346,15 +347,37 @@ def _bin_sums(key: np.ndarray, ids: np.ndarray, p: np.ndarray, y: np.ndarray, gr
                      np.bincount(at, weights=y, minlength=size)]).reshape(3, groups, n_bins)
 
 
+EXACT_FLOAT32 = 2 ** 24
+"""Whole numbers below this, and sums of them, are exact in float32."""
+
+
 def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
-    """``acc[key] += weights @ part`` for each ``acc`` of ``accs`` of each ``(accs, key, part)`` of ``pending``,
-    as one matrix product."""
+    """``acc[key] += weights @ columns`` for each ``acc`` of ``accs`` of each ``(accs, key, counts, rest)`` of
+    ``pending`` (:meth:`_KindSums.unit_columns`), as two matrix products.
+
+    Poisson weights are whole numbers, and so are counts: while every resampled count stays below
+    :data:`EXACT_FLOAT32`, the counts' product in float32 is the float64 product exactly, in half the time
+    (a third of the columns are counts; the bootstrap's product was 22 of ``calibrate``'s 67 CPU s at 10M).
+    """
     if weights is None or not pending:
         return
-    product = weights @ np.concatenate([part for _, _, part in pending], axis=1)
-    at = 0
-    for accs, key, part in pending:
-        block = product[:, at:at + part.shape[1]]
+    counts = np.concatenate([c for _, _, c, _ in pending], axis=1)
+    bound = weights.max(initial=0.0) * counts.sum(axis=0).max(initial=0.0)
+    if bound < EXACT_FLOAT32:
+        counted = (weights.astype(np.float32) @ counts.astype(np.float32)).astype(np.float64)
+    else:
+        counted = weights @ counts
+    summed = weights @ np.concatenate([r for _, _, _, r in pending], axis=1)
+    at_c = at_r = 0
+    for accs, key, c, r in pending:
+        n_bins = c.shape[1] - 1
+        parts = ((slice(0, n_bins), counted[:, at_c:at_c + n_bins]),
+                 (slice(3 * n_bins, 3 * n_bins + 1), counted[:, at_c + n_bins:at_c + n_bins + 1]),
+                 (slice(n_bins, 3 * n_bins), summed[:, at_r:at_r + 2 * n_bins]),
+                 (slice(3 * n_bins + 1, 3 * n_bins + 3), summed[:, at_r + 2 * n_bins:at_r + 2 * n_bins + 2]))
         for acc in accs:
-            acc[key] = acc[key] + block if key in acc else block.copy()
-        at += part.shape[1]
+            total = acc.setdefault(key, np.zeros((weights.shape[0], 3 * n_bins + 3)))
+            for columns, block in parts:
+                total[:, columns] += block
+        at_c += c.shape[1]
+        at_r += r.shape[1]
