@@ -102,3 +102,30 @@ def test_a_cell_holds_its_steps_sums_and_the_all_workloads_cell_adds_its_workloa
                 np.testing.assert_array_equal(cell.bins[name][0], b.count)
                 np.testing.assert_allclose(cell.bins[name][1], b.pred_sum, rtol=1e-12)
                 np.testing.assert_allclose(cell.bins[name][2], b.true_sum, rtol=1e-12)
+
+
+def test_resampled_counts_in_float32_equal_float64_and_each_cell_is_its_requests_reweighted(monkeypatch):
+    """The bootstrap's counts multiplied in float32 (exact below 2^24) equal the float64 product bit for bit;
+    every resampled sum of a workload's cell is ``weights @ RequestSums.columns`` of its steps."""
+    from dspark_obs.estimators import stats as bootstrap
+    from dspark_obs.estimators.calibration import cell_sums
+    from dspark_obs.estimators.calibration.resampling import RequestSums
+
+    ev = _events(7)
+    fast = _cells(ev, 40)
+    monkeypatch.setattr(cell_sums, "EXACT_FLOAT32", 0)   # every product in float64
+    slow = _cells(ev, 40)
+    edges = _edges(ev)
+    for key, cell in fast.items():
+        for name in cell.boot:
+            np.testing.assert_array_equal(cell.boot[name], slow[key].boot[name])
+    w, k = "code", 2
+    rows = ev.workload == w
+    y, p, rid = ev.y[rows, k], ev.survival[rows, k], ev.rid[rows]
+    ok = ~np.isnan(y) & ~np.isnan(p)
+    names, g = np.unique(rid[ok], return_inverse=True)
+    weights = bootstrap.poisson_weights(bootstrap.run_unit_keys("run", list(names)), 40, 5)
+    for name in SPECS:
+        sums = RequestSums(y[ok], np.clip(p[ok], 0, 1), g, n_groups=names.size, binning=name,
+                           edges=edges(w, k, name))
+        np.testing.assert_allclose(fast[(w, k)].boot[name], weights @ sums.columns(), rtol=1e-12, atol=1e-12)
