@@ -137,9 +137,8 @@ def add_events(kinds: list[tuple[dict, events.RunEvents, Callable]], specs: dict
             for k in range(ev.gamma):
                 if got.n[w, k]:
                     for b in specs:
-                        shared = specs[b][1] == "uniform"
-                        mine = cells[(workload, k)].boot
-                        accs = [mine, cells[("*", k)].boot] if shared else [mine]
+                        mine = cells[(workload, k)].boot   # equal-width bins: the all-workloads cell's too
+                        accs = [mine, cells[("*", k)].boot] if specs[b][1] == "uniform" else [mine]
                         pending.append((accs, b, *got.unit_columns(b, k, span)))
         _add_bootstrap(drawn[:, units.unit_of[span]], pending)
     pending = []   # the all-workloads cell's equal-mass bins, over all of the chunk's requests
@@ -173,11 +172,11 @@ class _ChunkUnits:
     @classmethod
     def of(cls, unit: np.ndarray, workload: np.ndarray) -> "_ChunkUnits":
         n = len(unit)
-        if n and _runs_are_distinct(unit, workload):   # events in request order: a pair per run of rows
-            change = np.ones(n, dtype=bool)
-            change[1:] = (unit[1:] != unit[:-1]) | (workload[1:] != workload[:-1])
-            heads = np.flatnonzero(change)
-            pair = np.cumsum(change) - 1
+        change = np.ones(n, dtype=bool)
+        change[1:] = (unit[1:] != unit[:-1]) | (workload[1:] != workload[:-1])
+        heads = np.flatnonzero(change)
+        if n and len(set(zip(unit[heads].tolist(), workload[heads].tolist()))) == heads.size:
+            pair = np.cumsum(change) - 1   # events in request order (the usual case): a pair per run of rows
             pair_unit, names = pd.factorize(np.asarray(unit[heads], dtype=object), use_na_sentinel=False)
             pair_workload, workloads = pd.factorize(np.asarray(workload[heads], dtype=object), use_na_sentinel=False)
         else:
@@ -194,14 +193,6 @@ class _ChunkUnits:
         unit_of = pair_unit[order]
         return cls(list(names), [str(w) for w in workloads], step_unit, pair_workload[pair] if n else np.zeros(0, np.int64),
                    unit_of, bounds, np.argsort(unit_of, kind="stable"))
-
-
-def _runs_are_distinct(unit: np.ndarray, workload: np.ndarray) -> bool:
-    """Whether each (unit, workload) pair's rows are one run (rows sorted by request, the usual case)."""
-    change = np.ones(len(unit), dtype=bool)
-    change[1:] = (unit[1:] != unit[:-1]) | (workload[1:] != workload[:-1])
-    heads = np.flatnonzero(change)
-    return len(set(zip(unit[heads].tolist(), workload[heads].tolist()))) == heads.size
 
 
 @dataclass(frozen=True)
