@@ -82,6 +82,12 @@ def test_weights_of_a_chunk_are_the_one_pass_columns():
     np.testing.assert_array_equal(bootstrap.poisson_weights(bootstrap.unit_keys([units[i] for i in some]), 150, 7),
                                   whole[:, some])
     assert abs(whole.mean() - 1.0) < 0.02 and abs(whole.var() - 1.0) < 0.05   # Poisson(1)
+    # many units: drawn in blocks of resamples inside; any block of rows is the same rows of one pass
+    many = bootstrap.unit_keys([f"q{i:05d}" for i in range(5000)])
+    one = bootstrap.poisson_weights(many, 120, 7)
+    np.testing.assert_array_equal(np.vstack([bootstrap.poisson_weights(many, 40, 7, start=s) for s in (0, 40, 80)]),
+                                  one)
+    np.testing.assert_array_equal(bootstrap.poisson_weights(many[:300], 120, 7), one[:, :300])
 
 
 def test_plan_counts_labelled_steps_per_request(generated):

@@ -79,16 +79,31 @@ def _mix_into(x: np.ndarray) -> np.ndarray:
     return x
 
 
+_DRAWS_AT_ONCE = 1 << 18
+"""Draws made in one pass (about 2 MB of uint64): a block that stays in cache is made 2.2x faster than
+1000 resamples x 2,900 requests at once (``calibrate``'s chunk at 10M request-steps)."""
+
+
 def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int = 0) -> np.ndarray:
     """``[n_resamples, len(keys)]`` float64 Poisson(1) weights of resamples ``start ..``.
 
     ``keys`` from :func:`unit_keys`.  The weight depends only on the key, the
     seed and the resample's number, so a subset of units gets exactly the
-    columns the whole run would.  The count is the number of CDF thresholds at
-    or below the draw: two comparisons decide the 92% of draws below 2, a
-    search the rest.
+    columns the whole run would, and a block of resamples the rows (they are
+    drawn in blocks of about :data:`_DRAWS_AT_ONCE`).  The count is the number of
+    CDF thresholds at or below the draw: two comparisons decide the 92% of draws
+    below 2, a search the rest.
     """
     keys = np.asarray(keys, dtype=np.uint64)
+    weights = np.empty((n_resamples, keys.size))
+    rows = max(1, _DRAWS_AT_ONCE // max(keys.size, 1))
+    for lo in range(0, n_resamples, rows):
+        hi = min(n_resamples, lo + rows)
+        weights[lo:hi] = _poisson_block(keys, hi - lo, seed, start + lo)
+    return weights
+
+
+def _poisson_block(keys: np.ndarray, n_resamples: int, seed: int, start: int) -> np.ndarray:
     with np.errstate(over="ignore"):
         stream = _mix(np.uint64(seed & 0xFFFFFFFFFFFFFFFF) * _GOLDEN
                       + np.arange(start, start + n_resamples, dtype=np.uint64) * _GOLDEN + _GOLDEN)
