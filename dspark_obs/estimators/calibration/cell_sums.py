@@ -240,6 +240,7 @@ class _KindSums:
     unit_bins: dict                 # binning -> [3, gamma, cell units, bins]
     every_unit_bins: dict           # quantile binning -> [3, gamma, cell units, bins]
     bounds: np.ndarray              # [workloads + 1] span of each workload's cell units
+    whole_labels: bool              # every label 0 or 1 (observed labels): their sums are whole numbers
 
     @classmethod
     def of(cls, ev: events.RunEvents, shared: "_ChunkSteps", specs: dict, cells: dict, *,
@@ -286,7 +287,8 @@ class _KindSums:
                 every_bins[name] = every_unit_bins[name].sum(axis=2)
             else:
                 every_bins[name] = _bin_sums(k, every, pc, y, gamma, n_bins)
-        return cls(n, totals, unit_steps, bins, every_bins, unit_bins, every_unit_bins, units.bounds)
+        return cls(n, totals, unit_steps, bins, every_bins, unit_bins, every_unit_bins, units.bounds,
+                   bool(np.all((y == 0.0) | (y == 1.0))))
 
     def add_to_cells(self, cells: dict, workloads: list) -> None:
         """Add the sums to the kind's cells (those of a workload to the all-workloads cell too, but its
@@ -320,13 +322,21 @@ class _KindSums:
                 for a, s in zip(acc, sums[:, k]):
                     a += s
 
-    def unit_columns(self, name: str, k: int, units, *, every: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """Per cell unit of ``units`` (a span or an index array) the columns the bootstrap reweights, of
+    def unit_columns(self, name: str, k: int, units, *, every: bool = False) -> tuple:
+        """Per cell unit of ``units`` (a span or an index array) the columns the bootstrap reweights, those of
         :meth:`~.resampling.RequestSums.columns` (bin counts, prediction and label sums, then steps,
-        squared errors, labels) in two parts: the counts (bins', then steps), whole numbers, and the rest."""
+        squared errors, labels), in two blocks: whole numbers (the counts; the labels' sums too when every
+        label is 0 or 1) and the rest, each with the spans of that layout its columns fill, in order."""
         bins = (self.every_unit_bins if every else self.unit_bins)[name][:, k, units]
         steps = self.unit_steps[:, k, units]
-        return np.hstack([bins[0], steps[0][:, None]]), np.hstack([bins[1], bins[2], steps[1:].T])
+        nb = bins.shape[-1]
+        if self.whole_labels:
+            return (np.hstack([bins[0], bins[2], steps[0][:, None], steps[2][:, None]]),
+                    np.hstack([bins[1], steps[1][:, None]]),
+                    (slice(0, nb), slice(2 * nb, 3 * nb), slice(3 * nb, 3 * nb + 1), slice(3 * nb + 2, 3 * nb + 3)),
+                    (slice(nb, 2 * nb), slice(3 * nb + 1, 3 * nb + 2)))
+        return (np.hstack([bins[0], steps[0][:, None]]), np.hstack([bins[1], bins[2], steps[1:].T]),
+                (slice(0, nb), slice(3 * nb, 3 * nb + 1)), (slice(nb, 3 * nb), slice(3 * nb + 1, 3 * nb + 3)))
 
 
 def _bin_sums(key: np.ndarray, ids: np.ndarray, p: np.ndarray, y: np.ndarray, groups: int, n_bins: int) -> np.ndarray:
@@ -343,31 +353,33 @@ EXACT_FLOAT32 = 2 ** 24
 
 
 def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
-    """``acc[key] += weights @ columns`` for each ``acc`` of ``accs`` of each ``(accs, key, counts, rest)`` of
-    ``pending`` (:meth:`_KindSums.unit_columns`), as two matrix products.
+    """``acc[key] += weights @ columns`` for each ``acc`` of ``accs`` of each ``(accs, key, whole, rest,
+    whole_spans, rest_spans)`` of ``pending`` (:meth:`_KindSums.unit_columns`), as two matrix products.
 
-    Poisson weights are whole numbers, and so are counts: while every resampled count stays below
-    :data:`EXACT_FLOAT32`, the counts' product in float32 is the float64 product exactly, in half the time
-    (a third of the columns are counts; the bootstrap's product was 22 of ``calibrate``'s 67 CPU s at 10M).
+    Poisson weights are whole numbers, and so are counts and the sums of 0/1 labels: while every resampled
+    sum of them stays below :data:`EXACT_FLOAT32`, their product in float32 is the float64 product exactly,
+    in half the time (they are a third to two thirds of the columns; the bootstrap's product was 22 of
+    ``calibrate``'s 67 CPU s at 10M).
     """
     if weights is None or not pending:
         return
-    counts = np.concatenate([c for _, _, c, _ in pending], axis=1)
-    bound = weights.max(initial=0.0) * counts.sum(axis=0).max(initial=0.0)
+    whole = np.concatenate([p[2] for p in pending], axis=1)
+    bound = weights.max(initial=0.0) * whole.sum(axis=0).max(initial=0.0)
     if bound < EXACT_FLOAT32:
-        counted = (weights.astype(np.float32) @ counts.astype(np.float32)).astype(np.float64)
+        counted = (weights.astype(np.float32) @ whole.astype(np.float32)).astype(np.float64)
     else:
-        counted = weights @ counts
-    summed = weights @ np.concatenate([r for _, _, _, r in pending], axis=1)
+        counted = weights @ whole
+    summed = weights @ np.concatenate([p[3] for p in pending], axis=1)
     at_c = at_r = 0
-    for accs, key, c, r in pending:
-        n_bins = c.shape[1] - 1
-        parts = ((slice(0, n_bins), counted[:, at_c:at_c + n_bins]),
-                 (slice(3 * n_bins, 3 * n_bins + 1), counted[:, at_c + n_bins:at_c + n_bins + 1]),
-                 (slice(n_bins, 3 * n_bins), summed[:, at_r:at_r + 2 * n_bins]),
-                 (slice(3 * n_bins + 1, 3 * n_bins + 3), summed[:, at_r + 2 * n_bins:at_r + 2 * n_bins + 2]))
+    for accs, key, c, r, c_spans, r_spans in pending:
+        width = sum(s.stop - s.start for s in (*c_spans, *r_spans))
+        parts = []
+        for spans, product, at in ((c_spans, counted, at_c), (r_spans, summed, at_r)):
+            for s in spans:
+                parts.append((s, product[:, at:at + s.stop - s.start]))
+                at += s.stop - s.start
         for acc in accs:
-            total = acc.setdefault(key, np.zeros((weights.shape[0], 3 * n_bins + 3)))
+            total = acc.setdefault(key, np.zeros((weights.shape[0], width)))
             for columns, block in parts:
                 total[:, columns] += block
         at_c += c.shape[1]
