@@ -188,11 +188,11 @@ class _ChunkUnits:
         order = np.argsort(pair_workload, kind="stable")
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)
-        step_unit = rank[pair] if n else np.zeros(0, np.int64)
+        step_unit = rank[pair]
         bounds = np.searchsorted(pair_workload[order], np.arange(len(workloads) + 1))
         unit_of = pair_unit[order]
-        return cls(list(names), [str(w) for w in workloads], step_unit, pair_workload[pair] if n else np.zeros(0, np.int64),
-                   unit_of, bounds, np.argsort(unit_of, kind="stable"))
+        return cls(list(names), [str(w) for w in workloads], step_unit, pair_workload[pair], unit_of, bounds,
+                   np.argsort(unit_of, kind="stable"))
 
 
 @dataclass(frozen=True)
@@ -224,12 +224,12 @@ class _ChunkSteps:
 
 @dataclass
 class _KindSums:
-    """One label kind's sums of a chunk, per (workload, position) cell and per cell unit (see :func:`_add_events`).
+    """One label kind's sums of a chunk, per (workload, position) cell and per cell unit (see :func:`add_events`).
 
     Per cell: ``n``, the sums of ``p``, ``y``, ``(p - y)^2`` and the log-likelihood, and per binning its bin
     counts and sums; per cell unit and position the steps, squared errors and labels, and per binning the
-    bin counts and sums (:func:`~.metrics.request_bins`), which the bootstrap reweights.  ``every`` holds the
-    all-workloads cell's equal-mass bins.
+    bin counts and sums (:func:`~.metrics.request_bins`), which the bootstrap reweights.  ``every_bins`` and
+    ``every_unit_bins`` hold the all-workloads cell's equal-mass bins.
     """
 
     n: np.ndarray                   # [workloads, gamma]
@@ -340,12 +340,8 @@ class _KindSums:
 
 
 def _bin_sums(key: np.ndarray, ids: np.ndarray, p: np.ndarray, y: np.ndarray, groups: int, n_bins: int) -> np.ndarray:
-    """``[3, groups * n_bins]``: per group and bin the count and the sums of ``p`` and ``y``
-    (:func:`~.metrics.request_bins` of every group at once)."""
-    at = key * n_bins + ids
-    size = groups * n_bins
-    return np.stack([np.bincount(at, minlength=size).astype(np.float64), np.bincount(at, weights=p, minlength=size),
-                     np.bincount(at, weights=y, minlength=size)]).reshape(3, groups, n_bins)
+    """``[3, groups, n_bins]``: :func:`~.metrics.request_bins` (count, sums of ``p`` and ``y``) stacked."""
+    return np.stack(metrics.request_bins(key, ids, p, y, groups, n_bins))
 
 
 EXACT_FLOAT32 = 2 ** 24
