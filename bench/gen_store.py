@@ -9,7 +9,8 @@ numpy arrays:
 * the drafter's true conditional acceptance per position is
   ``sigmoid(profile logits + block noise + position noise)`` and the head reports it
   through the emulator's default miscalibration (``DEFAULT_HEAD_TEMPERATURE``),
-  rounded to 4 decimals as the engine does; survival is its running product;
+  rounded to 4 decimals as the engine does; survival is its running product, recorded rounded to
+  4 decimals as SGLang's dumper records it (the window is planned on the unrounded one);
 * a full block would accept the leading drafts that pass (``emu_block_accept``);
 * the window is what DSpark's budget gives on average: the positions whose
   survival clears a per-step threshold (a stand-in for the global top-k);
@@ -181,7 +182,7 @@ def generate(root: str | Path, *, rows: int, gamma: int = 6, seed: int = 0, dp_s
             "bonus_token": pa.array(b["bonus"][keep].astype(np.int32)),
             "draft_tokens": _lists(b["drafts"][keep].astype(np.int32), pa.int32()),
             "confidence": _lists(b["conf"][keep], pa.float32()),
-            "survival": _lists(b["surv"][keep], pa.float32()),
+            "survival": _lists(np.round(b["surv"][keep].astype(np.float64), 4).astype(np.float32), pa.float32()),
             "emu_block_accept": pa.array(b["block"][keep].astype(np.int16)),
             "emu_expected_given_window": pa.array(np.round(b["expected"][keep], 6).astype(np.float32)),
         }))

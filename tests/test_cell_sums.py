@@ -82,6 +82,32 @@ def test_steps_out_of_request_order_give_the_same_cells(n_bootstrap):
             np.testing.assert_allclose(x.boot[name], y.boot[name], rtol=1e-12)
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_integer_codes_of_rids_and_workloads_give_the_cells_strings_give(shuffle):
+    """Events that carry codes of their rids and workloads (as the reader numbers them: any numbers, equal for
+    equal values) add exactly what the strings alone add, in request order and with rows apart."""
+    import dataclasses
+
+    ev = _events(4)
+    if shuffle:
+        order = np.random.default_rng(9).permutation(len(ev.rid))
+        ev = dataclasses.replace(ev, **{f: getattr(ev, f)[order] for f in ("rid", "workload", "dp_rank", "forward_ct",
+                                                                            "survival", "confidence", "y")})
+    names = {r: i for i, r in enumerate(sorted(set(ev.rid), reverse=True))}
+    coded = dataclasses.replace(ev, rid_code=np.array([7 * names[r] + 3 for r in ev.rid]),
+                                workload_code=np.array([{"chat": 5, "code": 0, "math": 2}[w] for w in ev.workload]))
+    a, b = _cells(ev, 20), _cells(coded, 20)
+    assert a.keys() == b.keys()
+    for key in a:
+        x, y = a[key], b[key]
+        assert (x.n, x.n_requests, x.p_sum, x.y_sum, x.sq_sum, x.log_sum) == \
+            (y.n, y.n_requests, y.p_sum, y.y_sum, y.sq_sum, y.log_sum), key
+        for name in x.bins:
+            np.testing.assert_array_equal(x.bins[name], y.bins[name])
+        for name in x.boot:
+            np.testing.assert_array_equal(x.boot[name], y.boot[name])
+
+
 def test_a_cell_holds_its_steps_sums_and_the_all_workloads_cell_adds_its_workloads():
     """Against a cell at a time: each workload's counts, sums and bins are those of its own steps; the
     all-workloads cell's are the run's, and its equal-mass bins are counted with its own edges."""

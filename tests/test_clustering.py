@@ -10,7 +10,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dspark_obs.clustering import ROW_GROUP_ROWS, cluster_by_request
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark_obs.clustering import ROW_GROUP_ROWS, cluster_by_request, in_rid_order
 from dspark_obs.store import Store
 
 
@@ -106,9 +109,23 @@ def test_a_table_in_request_order_or_without_rids_is_not_copied():
     assert cluster_by_request(no_rid, "tokens") is no_rid
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.sampled_from(["a", "a-1", "a-10", "b", "\u00e9"])), max_size=9),
+       st.booleans(), st.integers(0, 8))
+def test_in_rid_order_is_true_exactly_when_the_sort_keeps_the_order(rids, sort_first, cut):
+    if sort_first:
+        rids = sorted(r for r in rids if r is not None) + [None] * sum(r is None for r in rids)
+    column = pa.array(rids, pa.string())
+    if 0 < cut < len(rids):   # a chunked column, its chunks split where a comparison of neighbours spans both
+        column = pa.chunked_array([column.slice(0, cut), column.slice(cut)])
+    named = [r for r in rids if r is not None]   # code-point order is UTF-8's byte order, Arrow's
+    assert in_rid_order(column) == (rids == sorted(named) + [None] * (len(rids) - len(named)))
+
+
 def test_token_ids_and_logprobs_are_written_without_a_dictionary_confidences_with_one(tmp_path):
-    """Values that repeat (rids, positions, SGLang's four-decimal confidences) get a dictionary page; token
-    ids and the target's logprobs do not; everything reads back the same."""
+    """Values that repeat (rids, positions, SGLang's four-decimal confidences and survivals) get a dictionary
+    page; token ids and the target's logprobs do not, the logprobs byte-stream split; everything reads back
+    the same."""
     store = Store(tmp_path)
     rng = np.random.default_rng(3)
     n = 5000
@@ -120,19 +137,22 @@ def test_token_ids_and_logprobs_are_written_without_a_dictionary_confidences_wit
     store.write("tokens", "r", tokens)
     reqs = _step_reqs(_steps(n)).drop_columns(["draft_tokens"]).append_column(
         "draft_tokens", pa.array(rng.integers(0, 150_000, (n, 3)).tolist(), pa.list_(pa.int32()))).append_column(
-        "confidence", pa.array(np.round(rng.random((n, 3)), 4).tolist(), pa.list_(pa.float32())))
+        "confidence", pa.array(np.round(rng.random((n, 3)), 4).tolist(), pa.list_(pa.float32()))).append_column(
+        "survival", pa.array(np.round(np.cumprod(rng.random((n, 3)), axis=1), 4).tolist(), pa.list_(pa.float32())))
     store.write("step_reqs", "r", reqs)
+    split = {"logprob", "top_logprobs.list.element"}
     for table, data, expected in (
             ("tokens", tokens, {"rid", "pos"}),
-            ("step_reqs", reqs, {"confidence.list.element"})):
+            ("step_reqs", reqs, {"confidence.list.element", "survival.list.element"})):
         (path,) = glob.glob(f"{tmp_path}/{table}/run_id=r/part-*.parquet")
         chunk = pq.ParquetFile(path).metadata.row_group(0)
         encodings = {chunk.column(i).path_in_schema: chunk.column(i).encodings for i in range(chunk.num_columns)}
         with_dictionary = {name for name, enc in encodings.items() if "RLE_DICTIONARY" in enc}
-        plain = {"token_id", "logprob", "top_ids.list.element", "top_logprobs.list.element", "draft_tokens.list.element"}
+        plain = {"token_id", "top_ids.list.element", "draft_tokens.list.element"} | split
         assert expected <= with_dictionary and not (with_dictionary & plain), (table, encodings)
+        assert {name for name, enc in encodings.items() if "BYTE_STREAM_SPLIT" in enc} == split & set(encodings)
         got = store.read(table, "r")
         assert got.num_rows == data.num_rows
-        for name in ("token_id", "top_logprobs", "draft_tokens", "confidence"):
+        for name in ("token_id", "logprob", "top_logprobs", "draft_tokens", "confidence", "survival"):
             if name in data.column_names:   # clustered by rid: compare as sorted rows
                 assert sorted(map(str, got.column(name).to_pylist())) == sorted(map(str, data.column(name).to_pylist())), name

@@ -113,7 +113,7 @@ def add_events(kinds: list[tuple[dict, events.RunEvents, Callable]], specs: dict
     from each workload's; its equal-mass bins, whose edges are its own, are counted on its own steps.
     """
     ev0 = kinds[0][1]
-    units = _ChunkUnits.of(ev0.rid, ev0.workload)
+    units = _ChunkUnits.of(ev0.rid, ev0.workload, ev0.rid_code, ev0.workload_code)
     drawn = (bootstrap.poisson_weights(bootstrap.run_unit_keys(ev0.run_id, units.names), n_bootstrap, seed)
              if n_bootstrap else None)
     shared, sums = _ChunkSteps.of(ev0.survival, units), []
@@ -170,21 +170,25 @@ class _ChunkUnits:
     by_request: np.ndarray     # cell units in the order of their request's first step (the all-workloads cell)
 
     @classmethod
-    def of(cls, unit: np.ndarray, workload: np.ndarray) -> "_ChunkUnits":
-        n = len(unit)
+    def of(cls, unit: np.ndarray, workload: np.ndarray, unit_code: np.ndarray | None = None,
+           workload_code: np.ndarray | None = None) -> "_ChunkUnits":
+        """``unit_code`` and ``workload_code``: the values as integers (equal codes, equal values), when known."""
+        ucode = _codes(unit) if unit_code is None else np.asarray(unit_code, dtype=np.int64)
+        wcode = _codes(workload) if workload_code is None else np.asarray(workload_code, dtype=np.int64)
+        n = len(ucode)
         change = np.ones(n, dtype=bool)
-        change[1:] = (unit[1:] != unit[:-1]) | (workload[1:] != workload[:-1])
+        change[1:] = (ucode[1:] != ucode[:-1]) | (wcode[1:] != wcode[:-1])
         heads = np.flatnonzero(change)
-        if n and len(set(zip(unit[heads].tolist(), workload[heads].tolist()))) == heads.size:
-            pair = np.cumsum(change) - 1   # events in request order (the usual case): a pair per run of rows
-            pair_unit, names = pd.factorize(np.asarray(unit[heads], dtype=object), use_na_sentinel=False)
-            pair_workload, workloads = pd.factorize(np.asarray(workload[heads], dtype=object), use_na_sentinel=False)
+        key = ucode * (int(wcode.max()) + 1 if n else 1) + wcode
+        if np.unique(key[heads]).size == heads.size:
+            pair, first = np.cumsum(change) - 1, heads   # events in request order (the usual case): a pair per run
         else:
-            ucode, names = pd.factorize(np.asarray(unit, dtype=object), use_na_sentinel=False)
-            wcode, workloads = pd.factorize(np.asarray(workload, dtype=object), use_na_sentinel=False)
-            pair, firsts = pd.factorize(ucode.astype(np.int64) * max(len(workloads), 1) + wcode)
-            pair_unit, pair_workload = firsts // max(len(workloads), 1), firsts % max(len(workloads), 1)
-        pair_unit, pair_workload = np.asarray(pair_unit, np.int64), np.asarray(pair_workload, np.int64)
+            pair = pd.factorize(key)[0]
+            first = np.unique(pair, return_index=True)[1]
+        pair_unit, unit_first = _first_seen(ucode[first])
+        pair_workload, workload_first = _first_seen(wcode[first])
+        names = np.asarray(unit, dtype=object)[first[unit_first]]
+        workloads = np.asarray(workload, dtype=object)[first[workload_first]]
         order = np.argsort(pair_workload, kind="stable")
         rank = np.empty_like(order)
         rank[order] = np.arange(order.size)
@@ -193,6 +197,17 @@ class _ChunkUnits:
         unit_of = pair_unit[order]
         return cls(list(names), [str(w) for w in workloads], step_unit, pair_workload[pair], unit_of, bounds,
                    np.argsort(unit_of, kind="stable"))
+
+
+def _codes(values: np.ndarray) -> np.ndarray:
+    """Integer codes of any values (None and NaN each a value of their own)."""
+    return pd.factorize(np.asarray(values, dtype=object), use_na_sentinel=False)[0].astype(np.int64)
+
+
+def _first_seen(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``codes`` renumbered in the order each first appears, and the index of that first appearance."""
+    renumbered, _ = pd.factorize(codes)
+    return renumbered.astype(np.int64), np.unique(renumbered, return_index=True)[1]
 
 
 @dataclass(frozen=True)

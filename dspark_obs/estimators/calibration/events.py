@@ -111,7 +111,9 @@ class RunEvents:
     ``survival``, ``confidence`` and ``y`` have shape (n, gamma); ``y`` is NaN
     where the truth is unknown (and ``confidence`` where it was not sent).
     ``rid`` is the request (the bootstrap's unit); ``dp_rank`` and ``forward_ct``
-    identify the step.
+    identify the step.  ``rid_code`` and ``workload_code``, when the reader made
+    them, number the distinct values of ``rid`` and ``workload`` (equal codes, equal
+    values): the chunk sums compare integers instead of Python strings.
     """
 
     run_id: str
@@ -127,6 +129,8 @@ class RunEvents:
     confidence: np.ndarray
     y: np.ndarray
     notes: tuple[str, ...] = ()
+    rid_code: np.ndarray | None = None
+    workload_code: np.ndarray | None = None
 
 
 _STEPS_SQL = """
@@ -400,6 +404,8 @@ class _Keys:
     workload: np.ndarray
     dp_rank: np.ndarray
     forward_ct: np.ndarray
+    unit_code: np.ndarray
+    workload_code: np.ndarray
 
 
 def _keys_of(table: pa.Table, requests: RunRequests) -> _Keys:
@@ -409,12 +415,25 @@ def _keys_of(table: pa.Table, requests: RunRequests) -> _Keys:
     workload = pc.fill_null(requests.per_step(rid).column("workload"), "unknown")
     dp_rank, forward_ct = table.column("dp_rank").to_numpy(), table.column("forward_ct").to_numpy()
     order = order_of([rid_ranks(rid), dp_rank.astype(np.int64), forward_ct.astype(np.int64)])
-    strings = [unit, workload]
-    if order is not None:   # strings permuted as Arrow arrays: object arrays copy a reference count per row
-        strings = [pc.take(a, order) for a in strings]
+    if order is not None:
         dp_rank, forward_ct = dp_rank[order], forward_ct[order]
-    unit, workload = (a.to_numpy(zero_copy_only=False) for a in strings)
-    return _Keys(order, unit, workload, dp_rank, forward_ct)
+    (unit, unit_code), (workload, workload_code) = (_coded(a, order) for a in (unit, workload))
+    return _Keys(order, unit, workload, dp_rank, forward_ct, unit_code, workload_code)
+
+
+def _coded(values: pa.Array | pa.ChunkedArray, order: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Strings as an object array and as integer codes (null: a code of its own), rows in ``order``.
+
+    Each distinct string becomes a Python object once, not once a row, and rows move as integers
+    (``to_numpy`` of a chunk's 150k rids and workloads cost 13 ms, and comparing them as objects 17 ms)."""
+    enc = pc.dictionary_encode(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
+    n = len(enc.dictionary)
+    code = pc.fill_null(enc.indices, n).to_numpy(zero_copy_only=False).astype(np.int64)
+    if order is not None:
+        code = code[order]
+    names = np.empty(n + 1, dtype=object)
+    names[:n] = enc.dictionary.to_pylist()
+    return names[code], code
 
 
 def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int | None, source: str,
@@ -446,7 +465,7 @@ def events_of(table: pa.Table, run_id: str, labels: str, mode: str, gamma: int |
     if keys.order is not None:
         surv, conf, y = (a[keys.order] for a in (surv, conf, y))
     return RunEvents(run_id, labels, mode, gamma, source, keys.unit, keys.workload, keys.dp_rank, keys.forward_ct,
-                     surv, conf, y), counts
+                     surv, conf, y, rid_code=keys.unit_code, workload_code=keys.workload_code), counts
 
 
 def _ceiling_accept(table: pa.Table, correct: np.ndarray, window: np.ndarray, gamma: int) -> np.ndarray:
