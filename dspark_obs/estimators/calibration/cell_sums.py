@@ -172,7 +172,8 @@ class _ChunkUnits:
     @classmethod
     def of(cls, unit: np.ndarray, workload: np.ndarray, unit_code: np.ndarray | None = None,
            workload_code: np.ndarray | None = None) -> "_ChunkUnits":
-        """``unit_code`` and ``workload_code``: the values as integers (equal codes, equal values), when known."""
+        """``unit_code`` and ``workload_code``: the values as non-negative integers (equal codes, equal values),
+        when known; else the values are numbered here by hashing."""
         ucode = _codes(unit) if unit_code is None else np.asarray(unit_code, dtype=np.int64)
         wcode = _codes(workload) if workload_code is None else np.asarray(workload_code, dtype=np.int64)
         n = len(ucode)

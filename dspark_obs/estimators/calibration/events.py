@@ -112,8 +112,9 @@ class RunEvents:
     where the truth is unknown (and ``confidence`` where it was not sent).
     ``rid`` is the request (the bootstrap's unit); ``dp_rank`` and ``forward_ct``
     identify the step.  ``rid_code`` and ``workload_code``, when the reader made
-    them, number the distinct values of ``rid`` and ``workload`` (equal codes, equal
-    values): the chunk sums compare integers instead of Python strings.
+    them, number the distinct values of ``rid`` and ``workload`` with non-negative
+    integers (equal codes, equal values): the chunk sums compare integers instead
+    of Python strings.  A copy holding other rows must carry their codes, or None.
     """
 
     run_id: str
