@@ -364,7 +364,7 @@ EXACT_FLOAT32 = 2 ** 24
 """Whole numbers below this, and sums of them, are exact in float32."""
 
 
-def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
+def _add_bootstrap(weights: np.ndarray, pending: list) -> None:
     """``acc[key] += weights @ columns`` for each ``acc`` of ``accs`` of each ``(accs, key, whole, rest,
     whole_spans, rest_spans)`` of ``pending`` (:meth:`_KindSums.unit_columns`), as two matrix products.
 
@@ -373,7 +373,7 @@ def _add_bootstrap(weights: np.ndarray | None, pending: list) -> None:
     in half the time (they are a third to two thirds of the columns; the bootstrap's product was 22 of
     ``calibrate``'s 67 CPU s at 10M).
     """
-    if weights is None or not pending:
+    if not pending:
         return
     whole = np.concatenate([p[2] for p in pending], axis=1)
     bound = weights.max(initial=0.0) * whole.sum(axis=0).max(initial=0.0)

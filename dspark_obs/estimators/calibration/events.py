@@ -426,7 +426,7 @@ def _coded(values: pa.Array | pa.ChunkedArray, order: np.ndarray | None) -> tupl
     """Strings as an object array and as integer codes (null: a code of its own), rows in ``order``.
 
     Each distinct string becomes a Python object once, not once a row, and rows move as integers
-    (``to_numpy`` of a chunk's 150k rids and workloads cost 13 ms, and comparing them as objects 17 ms)."""
+    (``to_numpy`` of a chunk's 150k rids and workloads cost 13 ms, and finding its units among them 10 ms)."""
     enc = pc.dictionary_encode(values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values)
     n = len(enc.dictionary)
     code = pc.fill_null(enc.indices, n).to_numpy(zero_copy_only=False).astype(np.int64)
