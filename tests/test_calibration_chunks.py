@@ -135,9 +135,15 @@ def test_a_ceiling_missing_steps_or_holding_one_twice_still_gives_each_kind_its_
 
 
 
-def test_labelled_steps_are_counted_per_request_over_ranges_of_chunks(tmp_path, generated):
-    """The count of reconstructed labels per request, made over ranges of several chunks, is the count of the
-    steps that have an estimate, whatever the ranges (a ceiling missing an eighth of the steps)."""
+def _per_rid(ev) -> dict:
+    """Labelled steps per rid of one pass's events."""
+    rids, n = np.unique(np.asarray(ev.rid, dtype=str), return_counts=True)
+    return dict(zip(rids.tolist(), n.tolist()))
+
+
+def test_reconstructed_labels_per_request_are_counted_from_the_estimates(tmp_path, generated):
+    """Reconstructed labels per request, taken from the estimates' rids without joining them to the steps,
+    are the labelled steps one pass finds, whatever the chunks (a ceiling missing an eighth of the steps)."""
     root = tmp_path / "partial"
     shutil.copytree(generated.root, root)
     store = Store(root)
@@ -145,11 +151,30 @@ def test_labelled_steps_are_counted_per_request_over_ranges_of_chunks(tmp_path, 
     store.drop_run("ceiling", "bench")
     store.write("ceiling", "bench", ceiling.filter(pc.not_equal(pc.bit_wise_and(ceiling.column("forward_ct"), 7), 3)))
     con = sql.connect(root)
-    many = plan_run(con, "bench", labels="reconstructed", companion=None, chunk_rows=60)
-    few = plan_run(con, "bench", labels="reconstructed", companion=None, chunk_rows=3000)
-    assert len(many.chunks) > 2 * COUNT_CHUNKS and len(few.chunks) == 2
-    expected = dict(con.sql("SELECT s.rid, count(*) FROM step_reqs s JOIN ceiling e USING (run_id, rid, forward_ct, "
-                            "prefix_len) WHERE s.run_id = 'bench' GROUP BY 1").fetchall())
+    expected = _per_rid(cal.load_events(con, "bench", labels="reconstructed"))
+    for chunk_rows in (60, 3000):
+        plan = plan_run(con, "bench", labels="reconstructed", companion=None, chunk_rows=chunk_rows)
+        assert dict(zip(plan.rids, plan.rid_rows.tolist())) == expected
+        assert plan.labelled == sum(expected.values()) < plan.total
+
+
+def test_companion_labels_are_counted_per_request_over_ranges_of_chunks(tmp_path, generated):
+    """The count of companion labels per request, made over ranges of several chunks, is the labelled steps
+    one pass finds, whatever the ranges (a companion that lacks an eighth of the steps)."""
+    root = tmp_path / "paired"
+    shutil.copytree(generated.root, root)
+    store = Store(root)
+    steps = store.read("step_reqs", "bench").drop_columns(["run_id"])
+    started = store.read("runs", "bench").column("started_at")[0].as_py()
+    store.upsert_run("cap", started_at=started, mode="cap-accept", source="emulator",
+                     gamma=len(steps.column("draft_tokens")[0]), companion_of="bench")
+    store.write("requests", "cap", store.read("requests", "bench").drop_columns(["run_id"]))
+    store.write("step_reqs", "cap", steps.filter(pc.not_equal(pc.bit_wise_and(steps.column("forward_ct"), 7), 3)))
+    con = sql.connect(root)
+    expected = _per_rid(cal.load_events(con, "bench", labels="companion"))
+    many = plan_run(con, "bench", labels="companion", companion=None, chunk_rows=60)
+    few = plan_run(con, "bench", labels="companion", companion=None, chunk_rows=3000)
+    assert len(many.chunks) > 2 * COUNT_CHUNKS and len(few.chunks) == 2 and many.source == "cap"
     for plan in (many, few):
         assert dict(zip(plan.rids, plan.rid_rows.tolist())) == expected
         assert plan.labelled == sum(expected.values()) < plan.total
