@@ -188,7 +188,7 @@ def test_evidence_of_the_used_cells_is_the_full_evidence_there():
                       rng.integers(10, 20, (n, gamma)))
     cells = used_cells(window, correct, greedy, gamma)
     full = draft_evidence(index, np.zeros(n), first, drafts)
-    part = draft_evidence(index, np.zeros(n), first, drafts, cells=cells, chunk_rows=128)
+    part = draft_evidence(index, np.zeros(n), first, drafts, cells=cells)
     assert cells.any() and (~cells).any() and np.array_equal(part.realised, full.realised)
     for name in ("p_draft", "p_topk", "topk_state"):
         a, b = getattr(part, name), getattr(full, name)

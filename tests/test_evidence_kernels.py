@@ -1,0 +1,91 @@
+"""The compiled evidence lookups against the same rules written as whole-array numpy (the oracle below).
+
+Random token tables with gaps, missing top-k, padding and unknown requests; drafts that hit the realised
+token, the top-k, or neither; windows and bonus tokens that agree with the output or not.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dspark_obs.estimators.ceiling.evidence import check_alignment, draft_evidence, token_index
+from dspark_obs.estimators.ceiling.walk import NO_TOKEN
+
+
+def _oracle(index, code, first_pos, drafts, cells, correct, bonus):
+    """Evidence and alignment by whole-array numpy: searchsorted lookup, [cells, k] comparisons."""
+    n, gamma = drafts.shape
+    pos = first_pos[:, None] + np.arange(gamma)[None, :]
+    codes = np.broadcast_to(code[:, None], pos.shape)
+    want = np.where((pos >= 0) & (pos < index.stride) & (codes >= 0), codes * index.stride + pos, -1)
+    at_key = np.clip(np.searchsorted(index.key, want), 0, max(index.key.size - 1, 0))
+    found = (want >= 0) & (index.key[at_key] == want) if index.key.size else np.zeros(pos.shape, bool)
+    realised = np.where(found, index.token_id[at_key] if index.key.size else NO_TOKEN, NO_TOKEN)
+    p_draft, p_topk = np.full((n, gamma), np.nan), np.full((n, gamma), np.nan)
+    state = np.zeros((n, gamma), np.int8)
+    rows, draft, sel = at_key[found & cells], drafts[found & cells], found & cells
+    top = np.full(rows.size, np.nan)
+    if index.top_ids.shape[1] and rows.size:
+        ids = index.top_ids[rows]
+        has_top = (ids >= 0).any(axis=1)
+        hit = (ids == draft[:, None]) & has_top[:, None]
+        in_top = hit.any(axis=1)
+        top = np.where(in_top, np.exp(index.top_logprobs[rows, hit.argmax(axis=1)].astype(np.float64)), np.nan)
+        p_topk[sel] = top
+        state[sel] = np.where(in_top, 1, np.where(has_top, 2, 0))
+    p_real = np.where(index.token_id[rows] == draft, np.exp(index.logprob[rows]), np.nan) if rows.size else top
+    p_draft[sel] = np.where(np.isnan(p_real), top, p_real)
+    offset = np.arange(1, gamma + 1)[None, :]
+    known = (offset <= correct[:, None]) & (realised != NO_TOKEN)
+    agree = np.where(known, realised == drafts, True).all(axis=1)
+    bonus_real = realised[np.arange(n), np.minimum(correct, gamma - 1)]
+    bonus_known = (correct < gamma) & (bonus_real != NO_TOKEN)
+    agree &= ~bonus_known | (bonus_real == bonus)
+    aligned = np.where(known.any(axis=1) | bonus_known, np.where(agree, 1, -1), 0)
+    return realised, p_draft, p_topk, state, aligned
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), k=st.integers(0, 4), gamma=st.integers(1, 7), narrow=st.booleans())
+def test_compiled_lookups_give_what_whole_array_numpy_gives(seed, k, gamma, narrow):
+    rng = np.random.default_rng(seed)
+    codes, pos = [], []
+    for c in range(int(rng.integers(0, 12))):
+        p = np.arange(int(rng.integers(0, 25))) + int(rng.integers(0, 3))
+        if rng.random() < 0.4 and p.size > 3:
+            p = np.delete(p, rng.integers(1, p.size - 1, 2))           # a request with gaps
+        codes += [c] * p.size
+        pos += p.tolist()
+    t = len(codes)
+    vocab = 8                                                          # few token ids: hits are common
+    token_id = rng.integers(0, vocab, t)
+    top = rng.integers(-1, vocab, (t, k))                              # -1: padding
+    top[rng.random(t) < 0.2] = -1                                      # no top-k at some positions
+    dtype = (np.int32, np.float32) if narrow else (np.int64, np.float64)
+    logprob = np.where(rng.random(t) < 0.1, np.nan, np.log(rng.uniform(0.05, 1, t)))
+    order = rng.permutation(t)                                         # stored out of order
+    index = token_index(np.array(codes, np.int64)[order], np.array(pos, np.int64)[order], token_id[order],
+                        logprob=logprob[order], top_ids=top.astype(dtype[0])[order],
+                        top_logprobs=np.log(rng.uniform(0.01, 1, (t, k))).astype(dtype[1])[order])
+    n = int(rng.integers(0, 40))
+    code = rng.integers(-1, 14, n)
+    first = rng.integers(-2, 30, n)
+    drafts = np.where(rng.random((n, gamma)) < 0.1, -1, rng.integers(0, vocab, (n, gamma)))
+    cells = rng.random((n, gamma)) < 0.7
+    correct = rng.integers(-1, gamma + 1, n)
+    bonus = rng.integers(0, vocab, n)
+
+    want = _oracle(index, code, first, drafts, cells, correct, bonus)
+    ev = draft_evidence(index, code, first, drafts, cells=cells)
+    got = (ev.realised, ev.p_draft, ev.p_topk, ev.topk_state, check_alignment(ev, drafts, correct, bonus))
+    for name, a, b in zip(("realised", "p_draft", "p_topk", "topk_state", "aligned"), got, want):
+        assert a.shape == b.shape and np.array_equal(a, b, equal_nan=True), name
+
+
+def test_an_empty_token_table_holds_nothing_and_finds_nothing():
+    index = token_index(np.zeros(0), np.zeros(0), np.zeros(0))
+    ev = draft_evidence(index, np.array([0, -1]), np.array([0, 3]), np.array([[1, 2], [3, 4]]))
+    assert (ev.realised == NO_TOKEN).all() and np.isnan(ev.p_draft).all() and (ev.topk_state == 0).all()
+    assert check_alignment(ev, np.array([[1, 2], [3, 4]]), np.array([1, 2]), np.array([5, 6])).tolist() == [0, 0]
