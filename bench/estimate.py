@@ -155,6 +155,7 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
                  "estimate.fit_rows": DEFAULT_FIT_ROWS, "estimate.calibration_sample_rows": DEFAULT_SAMPLE_ROWS}
     done_rows, done_cpu, done_peak = [], [], []
     last_ok = None
+    warm_compiled([str(ROOT)])
     for size in sizes:
         root = os.path.join(workdir, f"store-{size}")
         t0 = time.perf_counter()
@@ -244,6 +245,20 @@ def _estimate_once(tree: str, root: str, jobs: int) -> dict:
             "load": round((load + os.getloadavg()[0]) / 2, 2)}
 
 
+def warm_compiled(trees: list[str]) -> None:
+    """One untimed ``estimate`` of each tree on a small store: the first run after an install compiles
+    the estimator's loops (numba, 2-3 CPU s, cached beside the package), later runs load them, and a
+    timed run should be a later one."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="bench-warm-") as root:
+        info = run_child("bench.estimate:generate_store", timeout=600, root=root, rows=3000)
+        if "error" in info:
+            raise RuntimeError(f"the warm-up store: {info['error']}")
+        for tree in trees:
+            _estimate_once(tree, root, 1)
+
+
 def _ceiling_columns(root: str) -> dict:
     import pyarrow.compute as pc
 
@@ -286,6 +301,7 @@ def before_after(root: str, baseline: str, *, repeat: int = 3, jobs: tuple = (1,
     roots = {"before": baseline_root or root, "after": root}
     runs: dict = {(name, j): [] for name in trees for j in jobs}
     columns = {}
+    warm_compiled(list(trees.values()))
     for i in range(repeat):
         for name in (("before", "after") if i % 2 == 0 else ("after", "before")):
             for j in jobs:

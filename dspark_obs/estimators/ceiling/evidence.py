@@ -28,23 +28,21 @@ search, a hit in the top-k or not, the realised token or the top-k's logprob), a
 numpy needed some forty passes over ``[steps, gamma]`` and ``[cells, k]`` arrays
 for them: 88 against 20 ms for a chunk of 150k request-steps.  The kernels gather
 values only; every probability is still ``numpy.exp`` of the stored logprob (the
-same bits as the rest of the project).  numba is imported on the first lookup, so
-a command that looks nothing up does not load LLVM; the machine code is cached
-next to this file.
+same bits as the rest of the project).  numba is imported on the first lookup
+(:mod:`~dspark_obs.estimators.compiled`).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from functools import cached_property
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dspark_obs.acceptance import censored
+from dspark_obs.estimators.compiled import jit
 from dspark_obs.estimators.ceiling.walk import NO_TOKEN
 
 __all__ = ["TokenIndex", "Evidence", "token_index", "draft_evidence", "padded_lists", "check_alignment", "Aligned",
@@ -98,8 +96,8 @@ class TokenIndex:
         binary search of the sorted keys.  Both give the same rows.
         """
         code, pos = np.broadcast_arrays(np.asarray(code, dtype=np.int64), np.asarray(pos, dtype=np.int64))
-        row, found = _kernels().rows(*self.lookup_arrays(), np.ascontiguousarray(code.reshape(-1)),
-                                     np.ascontiguousarray(pos.reshape(-1)), 1)
+        row, found = jit(_rows)(*self.lookup_arrays(), np.ascontiguousarray(code.reshape(-1)),
+                                np.ascontiguousarray(pos.reshape(-1)), 1)
         return row.reshape(code.shape), found.reshape(code.shape)
 
     def lookup_arrays(self) -> tuple:
@@ -177,12 +175,11 @@ def draft_evidence(index: TokenIndex, code: np.ndarray, first_pos: np.ndarray,
     code = np.ascontiguousarray(np.broadcast_to(np.asarray(code, dtype=np.int64), (n,)))
     first_pos = np.ascontiguousarray(np.broadcast_to(np.asarray(first_pos, dtype=np.int64), (n,)))
     cells = np.ones((n, gamma), dtype=bool) if cells is None else np.ascontiguousarray(cells, dtype=bool)
-    kernels = _kernels()
-    row, found = kernels.rows(*index.lookup_arrays(), code, first_pos, gamma)
+    row, found = jit(_rows)(*index.lookup_arrays(), code, first_pos, gamma)
     realised = np.where(found, index.token_id[row] if index.key.size else NO_TOKEN, NO_TOKEN).astype(np.int64)
-    state, at, lp_draft, lp_top = kernels.top_hits(index.token_id, index.logprob, index.top_ids, index.top_logprobs,
-                                                   row.reshape(-1), found.reshape(-1), drafts.reshape(-1),
-                                                   cells.reshape(-1))
+    state, at, lp_draft, lp_top = jit(_top_hits)(index.token_id, index.logprob, index.top_ids, index.top_logprobs,
+                                                 row.reshape(-1), found.reshape(-1), drafts.reshape(-1),
+                                                 cells.reshape(-1))
     p_draft = np.full((n, gamma), np.nan)
     p_topk = np.full((n, gamma), np.nan)
     p_draft.reshape(-1)[at] = np.exp(lp_draft)
@@ -212,7 +209,7 @@ def check_alignment(evidence: Evidence, drafts: np.ndarray, correct: np.ndarray,
     n = drafts.shape[0]
     correct = np.ascontiguousarray(np.broadcast_to(np.asarray(correct, dtype=np.int64), (n,)))
     bonus = np.ascontiguousarray(np.broadcast_to(np.asarray(bonus, dtype=np.int64), (n,)))
-    return _kernels().alignment(np.ascontiguousarray(evidence.realised, dtype=np.int64), drafts, correct, bonus)
+    return jit(_alignment)(np.ascontiguousarray(evidence.realised, dtype=np.int64), drafts, correct, bonus)
 
 
 MISALIGNED_SHARE = 0.2  # a request whose committed tokens disagree on more of its steps is walked without tokens
@@ -340,10 +337,3 @@ def _alignment(realised, drafts, correct, bonus):
             out[i] = 1 if agree else -1
     return out
 
-
-@functools.cache
-def _kernels() -> SimpleNamespace:
-    import numba
-
-    jit = numba.njit(cache=True, nogil=True)
-    return SimpleNamespace(rows=jit(_rows), top_hits=jit(_top_hits), alignment=jit(_alignment))

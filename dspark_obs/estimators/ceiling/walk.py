@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dspark_obs import acceptance
+from dspark_obs.estimators.compiled import jit
 
 __all__ = [
     "CATEGORIES", "EXACT_IN_WINDOW", "RESOLVED_EXACT", "DIVERGED", "EOS", "AT_END",
@@ -112,40 +113,47 @@ def walk_blocks(drafts: np.ndarray, window: np.ndarray, correct: np.ndarray, rea
     >>> CATEGORIES[w.category[0]], w.walked[0].tolist(), w.unverifiable[0].tolist()
     ('censored_diverged', [False, True, True, False], [False, False, False, True])
     """
-    drafts = np.asarray(drafts)
+    drafts = np.ascontiguousarray(drafts, dtype=np.int64)
     n, gamma = drafts.shape
-    window = np.asarray(window, dtype=np.int64)
-    correct = np.asarray(correct, dtype=np.int64)
-    realised = np.asarray(realised)
-    natural_end = np.asarray(natural_end, dtype=bool)
-    offset = np.arange(1, gamma + 1)[None, :]
-
+    window = np.ascontiguousarray(np.broadcast_to(np.asarray(window, dtype=np.int64), (n,)))
+    correct = np.ascontiguousarray(np.broadcast_to(np.asarray(correct, dtype=np.int64), (n,)))
+    natural_end = np.ascontiguousarray(np.broadcast_to(np.asarray(natural_end, dtype=bool), (n,)))
     censored = acceptance.censored(window, correct, gamma)
-    tail = censored[:, None] & (offset > window[:, None])
-    avail = realised != NO_TOKEN
-    eq = avail & (drafts == realised)
-    # The walk reaches offset k when every tail offset before k matched.
-    passed = np.where(tail, eq, True)
-    reach = np.ones_like(tail)
-    if gamma > 1:
-        reach[:, 1:] = np.logical_and.accumulate(passed, axis=1)[:, :-1]
-    reach &= tail
-    walked = reach & avail
-    diverged = walked & ~eq
-    ran_out = reach & ~avail
-    div_off = np.where(diverged.any(axis=1), diverged.argmax(axis=1) + 1, 0)
-    out_off = np.where(ran_out.any(axis=1), ran_out.argmax(axis=1) + 1, 0)
-
-    category = np.full(n, EXACT_IN_WINDOW, dtype=np.int8)
-    category[censored] = RESOLVED_EXACT
-    category[censored & (div_off > 0) & (div_off < gamma)] = DIVERGED
-    category[censored & (out_off > 0) & natural_end] = EOS
-    category[censored & (out_off > 0) & ~natural_end] = AT_END
-    unverifiable = (((category == DIVERGED)[:, None] & (offset > div_off[:, None]))
-                    | ((category == AT_END)[:, None] & (offset >= out_off[:, None])))
+    category, walked, matched, unverifiable, stop = jit(_walk)(
+        drafts, window, censored, np.ascontiguousarray(realised, dtype=np.int64), natural_end)
     return Walk(gamma=gamma, window=window, correct=correct, censored=censored, category=category,
-                walked=walked, matched=walked & eq, unverifiable=unverifiable,
-                stop_offset=np.maximum(div_off, out_off))
+                walked=walked, matched=matched, unverifiable=unverifiable, stop_offset=stop)
+
+
+def _walk(drafts, window, censored, realised, natural_end):
+    """:func:`walk_blocks` per step, compiled (:mod:`~dspark_obs.estimators.compiled`): the walk is a loop
+    that stops where the draft and the output part, which numpy wrote as a dozen ``[n, gamma]`` passes."""
+    n, gamma = drafts.shape
+    category = np.full(n, EXACT_IN_WINDOW, np.int8)
+    walked = np.zeros((n, gamma), np.bool_)
+    matched = np.zeros((n, gamma), np.bool_)
+    unverifiable = np.zeros((n, gamma), np.bool_)
+    stop = np.zeros(n, np.int64)
+    for i in range(n):
+        if not censored[i]:
+            continue
+        category[i] = RESOLVED_EXACT
+        for j in range(max(window[i], 0), gamma):   # offsets k = j + 1 past the window
+            if realised[i, j] == NO_TOKEN:          # the output ran out at k
+                stop[i] = j + 1
+                category[i] = EOS if natural_end[i] else AT_END
+                if not natural_end[i]:
+                    unverifiable[i, j:] = True
+                break
+            walked[i, j] = True
+            if drafts[i, j] != realised[i, j]:       # diverged at k: drafts after it were never on the output
+                stop[i] = j + 1
+                if j + 1 < gamma:
+                    category[i] = DIVERGED
+                    unverifiable[i, j + 1:] = True
+                break
+            matched[i, j] = True
+    return category, walked, matched, unverifiable, stop
 
 
 def _chain(walk: Walk, factors: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

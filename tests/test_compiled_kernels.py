@@ -1,7 +1,8 @@
-"""The compiled evidence lookups against the same rules written as whole-array numpy (the oracle below).
+"""The compiled loops against the same rules written as whole-array numpy (the oracles below).
 
-Random token tables with gaps, missing top-k, padding and unknown requests; drafts that hit the realised
-token, the top-k, or neither; windows and bonus tokens that agree with the output or not.
+Evidence: random token tables with gaps, missing top-k, padding and unknown requests; drafts that hit
+the realised token, the top-k, or neither; windows and bonus tokens that agree with the output or not.
+The walk: censored and uncensored steps whose output matches, parts from, or runs out before the drafts.
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dspark_obs.estimators.ceiling.evidence import check_alignment, draft_evidence, token_index
-from dspark_obs.estimators.ceiling.walk import NO_TOKEN
+from dspark_obs.acceptance import censored as censored_rule
+from dspark_obs.estimators.ceiling.walk import AT_END, DIVERGED, EOS, EXACT_IN_WINDOW, NO_TOKEN, RESOLVED_EXACT, walk_blocks
 
 
 def _oracle(index, code, first_pos, drafts, cells, correct, bonus):
@@ -89,3 +91,45 @@ def test_an_empty_token_table_holds_nothing_and_finds_nothing():
     ev = draft_evidence(index, np.array([0, -1]), np.array([0, 3]), np.array([[1, 2], [3, 4]]))
     assert (ev.realised == NO_TOKEN).all() and np.isnan(ev.p_draft).all() and (ev.topk_state == 0).all()
     assert check_alignment(ev, np.array([[1, 2], [3, 4]]), np.array([1, 2]), np.array([5, 6])).tolist() == [0, 0]
+
+
+def _walk_oracle(drafts, window, correct, realised, natural_end):
+    """The walk by whole-array numpy: reach offset k while every tail offset before it matched."""
+    n, gamma = drafts.shape
+    offset = np.arange(1, gamma + 1)[None, :]
+    censored = censored_rule(window, correct, gamma)
+    tail = censored[:, None] & (offset > window[:, None])
+    avail = realised != NO_TOKEN
+    eq = avail & (drafts == realised)
+    reach = np.ones_like(tail)
+    reach[:, 1:] = np.logical_and.accumulate(np.where(tail, eq, True), axis=1)[:, :-1]
+    reach &= tail
+    walked = reach & avail
+    diverged, ran_out = walked & ~eq, reach & ~avail
+    div_off = np.where(diverged.any(axis=1), diverged.argmax(axis=1) + 1, 0)
+    out_off = np.where(ran_out.any(axis=1), ran_out.argmax(axis=1) + 1, 0)
+    category = np.full(n, EXACT_IN_WINDOW, dtype=np.int8)
+    category[censored] = RESOLVED_EXACT
+    category[censored & (div_off > 0) & (div_off < gamma)] = DIVERGED
+    category[censored & (out_off > 0) & natural_end] = EOS
+    category[censored & (out_off > 0) & ~natural_end] = AT_END
+    unverifiable = (((category == DIVERGED)[:, None] & (offset > div_off[:, None]))
+                    | ((category == AT_END)[:, None] & (offset >= out_off[:, None])))
+    return censored, category, walked, walked & eq, unverifiable, np.maximum(div_off, out_off)
+
+
+@settings(max_examples=80, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), gamma=st.integers(1, 8), n=st.integers(0, 60))
+def test_compiled_walk_gives_what_whole_array_numpy_gives(seed, gamma, n):
+    rng = np.random.default_rng(seed)
+    window = rng.integers(0, gamma + 1, n)
+    correct = np.where(rng.random(n) < 0.6, window, rng.integers(0, gamma + 1, n) % (window + 1))
+    drafts = rng.integers(0, 4, (n, gamma))
+    realised = np.where(rng.random((n, gamma)) < 0.75, drafts, rng.integers(0, 4, (n, gamma)))
+    realised[rng.random((n, gamma)) < 0.1] = NO_TOKEN
+    natural_end = rng.random(n) < 0.5
+    walk = walk_blocks(drafts, window, correct, realised, natural_end)
+    want = _walk_oracle(drafts, window, correct, realised, natural_end)
+    got = (walk.censored, walk.category, walk.walked, walk.matched, walk.unverifiable, walk.stop_offset)
+    for name, a, b in zip(("censored", "category", "walked", "matched", "unverifiable", "stop_offset"), got, want):
+        assert a.shape == b.shape and np.array_equal(a, b), name

@@ -1,0 +1,20 @@
+"""Loops compiled with numba, for the per-cell work numpy can only do in many whole-array passes.
+
+numba is imported on the first call of a compiled function, so a command that runs none does not
+load LLVM (about 0.4 CPU s and 120 MB); its machine code is cached beside the function's module.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Callable
+
+__all__ = ["jit"]
+
+
+@functools.cache
+def jit(func: Callable) -> Callable:
+    """``func`` compiled in nopython mode, on its first use (a module-level function of plain arrays)."""
+    import numba
+
+    return numba.njit(cache=True, nogil=True)(func)
