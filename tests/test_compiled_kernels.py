@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 
 from dspark_obs.estimators.ceiling.evidence import check_alignment, draft_evidence, token_index
 from dspark_obs.acceptance import censored as censored_rule
-from dspark_obs.estimators.ceiling.walk import AT_END, DIVERGED, EOS, EXACT_IN_WINDOW, NO_TOKEN, RESOLVED_EXACT, walk_blocks
+from dspark_obs.estimators.ceiling.walk import (AT_END, DIVERGED, EOS, EXACT_IN_WINDOW, NO_TOKEN, RESOLVED_EXACT,
+                                                ceiling_from_factors, walk_blocks)
 
 
 def _oracle(index, code, first_pos, drafts, cells, correct, bonus):
@@ -133,3 +134,25 @@ def test_compiled_walk_gives_what_whole_array_numpy_gives(seed, gamma, n):
     got = (walk.censored, walk.category, walk.walked, walk.matched, walk.unverifiable, walk.stop_offset)
     for name, a, b in zip(("censored", "category", "walked", "matched", "unverifiable", "stop_offset"), got, want):
         assert a.shape == b.shape and np.array_equal(a, b), name
+
+
+
+def _chain_oracle(factors, mask):
+    cum = np.cumprod(np.where(mask, factors, 1.0), axis=1)
+    return np.where(mask, cum, 0.0).sum(axis=1), cum[:, -1] if len(cum) else np.ones(0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), gamma=st.integers(1, 7), n=st.integers(0, 50))
+def test_compiled_chain_gives_the_ceiling_numpy_s_products_and_row_sums_give(seed, gamma, n):
+    """``w + sum_walked prod a + prod_walked a * sum_unverifiable prod tail``, the chains as numpy's cumprod
+    and row sums give them (bit for bit below eight offsets)."""
+    rng = np.random.default_rng(seed)
+    window = rng.integers(0, gamma + 1, n)
+    walk = walk_blocks(rng.integers(0, 3, (n, gamma)), window, np.where(rng.random(n) < 0.7, window, 0),
+                       rng.integers(-1, 3, (n, gamma)), rng.random(n) < 0.5)
+    a, tail = rng.random((n, gamma)), rng.random((n, gamma))
+    extra, prod = _chain_oracle(a, walk.walked)
+    rest, _ = _chain_oracle(tail, walk.unverifiable)
+    want = np.where(walk.censored, walk.window + extra + prod * rest, walk.correct).astype(np.float64)
+    assert np.array_equal(ceiling_from_factors(walk, a, tail=tail), want)

@@ -158,9 +158,22 @@ def _walk(drafts, window, censored, realised, natural_end):
 
 def _chain(walk: Walk, factors: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``sum_k prod_{i<=k} f_i`` and ``prod f_i`` over the (contiguous) offsets in ``mask``."""
-    f = np.where(mask, factors, 1.0)
-    cum = np.cumprod(f, axis=1)
-    return np.where(mask, cum, 0.0).sum(axis=1), cum[:, -1]
+    return jit(_chained)(np.ascontiguousarray(factors, dtype=np.float64), np.ascontiguousarray(mask, dtype=bool))
+
+
+def _chained(factors, mask):
+    """:func:`_chain`, compiled: products and sums in offset order (numpy's cumulative product, and its
+    row sums of fewer than eight terms, add in that order too)."""
+    n, gamma = factors.shape
+    total, prod = np.zeros(n), np.ones(n)
+    for i in range(n):
+        cum, acc = 1.0, 0.0
+        for j in range(gamma):
+            if mask[i, j]:
+                cum *= factors[i, j]
+                acc += cum
+        total[i], prod[i] = acc, cum
+    return total, prod
 
 
 def ceiling_from_factors(
