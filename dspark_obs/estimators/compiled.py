@@ -15,6 +15,6 @@ __all__ = ["jit"]
 @functools.cache
 def jit(func: Callable) -> Callable:
     """``func`` compiled in nopython mode, on its first use (a module-level function of plain arrays)."""
-    import numba
+    import numba  # here, not at the top: LLVM loads only for a command that runs a compiled loop
 
     return numba.njit(cache=True, nogil=True)(func)
