@@ -113,19 +113,9 @@ class _Worker:
         self.process = context.Process(target=_serve, args=(child,), daemon=True)
         self.process.start()
         child.close()
-        self.ahead = 0   # replies to calls sent ahead (warm-ups), read before the next message is sent
 
     def send(self, kind: str, fn: Callable, args: tuple) -> None:
-        while self.ahead:
-            self.ahead -= 1
-            self.result()
         self.conn.send((kind, fn, args))
-
-    def send_ahead(self, fn: Callable, args: tuple) -> None:
-        """``fn(*args)`` now, its reply read when the next message is sent: work the worker does while the
-        command does its own (a failure surfaces then)."""
-        self.conn.send(("call", fn, args))
-        self.ahead += 1
 
     def result(self):
         """The reply to the last message sent; the worker's error raised here, its traceback as a note."""
@@ -234,22 +224,12 @@ def _nothing() -> None:
     return None
 
 
-def _warm(names: tuple) -> None:
-    """Run each ``"module:name"`` function of ``names`` (:attr:`ProcessEngine.warm`)."""
-    for name in names:
-        module, _, attr = name.partition(":")
-        getattr(importlib.import_module(module), attr)()
-
-
 @dataclass
 class ProcessEngine:
-    """``jobs`` worker processes on this machine; ``preload``: modules imported before they fork; ``warm``:
-    functions (``"module:name"``) each worker runs once it is up, while the command goes on (say, loading
-    compiled code its tasks will call)."""
+    """``jobs`` worker processes on this machine; ``preload``: modules imported before they fork."""
 
     jobs: int
     preload: tuple = ()
-    warm: tuple = ()
     min_chunks: int = 2             # runs of fewer chunks stay in this process (their one-pass figures)
     start_method: str | None = None  # how its workers started: fork (modules loaded) or spawn
     _workers: list | None = field(default=None, repr=False)
@@ -275,8 +255,6 @@ class ProcessEngine:
                 sys.modules["__main__"] = main
         self._workers = workers
         _each(workers, "call", os.getpid, [()] * len(workers))   # every worker up before the command goes on
-        for w in workers if self.warm else ():
-            w.send_ahead(_warm, (self.warm,))
         atexit.register(self.close)   # the workers end (and are waited for) with the command
         return self
 

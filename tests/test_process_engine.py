@@ -214,35 +214,3 @@ def test_a_worker_that_dies_is_an_error_that_says_so():
             engine.map(os._exit, [(3,)])
     finally:
         engine.close()
-
-
-
-_WARMED: list = []
-
-
-def _mark_warm() -> None:
-    _WARMED.append(os.getpid())
-
-
-def _was_warmed() -> bool:
-    return _WARMED == [os.getpid()]
-
-
-def test_workers_warm_up_while_the_command_goes_on_and_a_failed_warm_up_says_so():
-    """``warm`` runs in each worker once it is up, ahead of its first task; the task sees what it did, and a
-    warm-up that failed is raised, with its traceback, when the worker is next given work."""
-    warm = (f"{__name__}:_mark_warm", "dspark_obs.estimators.ceiling.evidence:load_compiled")
-    engine = ProcessEngine(2, warm=warm).start()
-    try:
-        assert all(w.ahead == 1 for w in engine._workers)    # sent ahead, the command not kept waiting
-        assert engine.map(_was_warmed, [(), ()]) == [True, True] and _WARMED == []
-        assert all(w.ahead == 0 for w in engine._workers)
-    finally:
-        engine.close()
-    failing = ProcessEngine(1, warm=("dspark_obs.estimators.ceiling.evidence:no_such_function",)).start()
-    try:
-        with pytest.raises(AttributeError, match="no_such_function") as err:
-            failing.map(os.getpid, [()])
-        assert any("in worker process" in note for note in getattr(err.value, "__notes__", []))
-    finally:
-        failing.close()

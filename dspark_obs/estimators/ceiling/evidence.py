@@ -43,10 +43,10 @@ import pyarrow.compute as pc
 
 from dspark_obs.acceptance import censored
 from dspark_obs.estimators.compiled import jit
-from dspark_obs.estimators.ceiling.walk import NO_TOKEN, ceiling_from_factors, walk_blocks
+from dspark_obs.estimators.ceiling.walk import NO_TOKEN
 
 __all__ = ["TokenIndex", "Evidence", "token_index", "draft_evidence", "padded_lists", "check_alignment", "Aligned",
-           "align_requests", "MISALIGNED_SHARE", "used_cells", "load_compiled"]
+           "align_requests", "MISALIGNED_SHARE", "used_cells"]
 
 
 def padded_lists(column: pa.Array | pa.ChunkedArray, *, fill, dtype=None) -> np.ndarray:
@@ -252,19 +252,6 @@ def align_requests(index: TokenIndex, code: np.ndarray, n_requests: int, first_p
         evidence = draft_evidence(index, np.where(misaligned[slot], -1, code), first_pos, drafts, cells=cells)
     natural_end = np.asarray(stop, dtype=bool) & (np.asarray(token_counts) == np.asarray(completion)) & ~misaligned[slot]
     return Aligned(evidence, misaligned, natural_end, int(bad.sum()), int(checked.sum()))
-
-
-def load_compiled() -> None:
-    """Load the compiled lookups and walk with the argument types a stored run gives them (token ids int32,
-    logprobs float32): an ``estimate --jobs N`` worker does it while the command plans, not at its first
-    chunk (numba and the cached code, about 0.9 CPU s)."""
-    index = token_index(np.zeros(2), np.arange(2), np.ones(2), logprob=np.zeros(2),
-                        top_ids=np.ones((2, 2), np.int32), top_logprobs=np.zeros((2, 2), np.float32))
-    drafts = np.ones((1, 2), np.int64)
-    evidence = draft_evidence(index, np.zeros(1), np.zeros(1), drafts)
-    check_alignment(evidence, drafts, np.zeros(1), np.ones(1))
-    walk = walk_blocks(drafts, np.zeros(1), np.zeros(1), evidence.realised, np.zeros(1, bool))
-    ceiling_from_factors(walk, np.ones((1, 2)))
 
 
 # -- the compiled lookups (see the module docstring) ------------------------------------------------
