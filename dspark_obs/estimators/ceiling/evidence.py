@@ -96,11 +96,11 @@ class TokenIndex:
         binary search of the sorted keys.  Both give the same rows.
         """
         code, pos = np.broadcast_arrays(np.asarray(code, dtype=np.int64), np.asarray(pos, dtype=np.int64))
-        row, found = jit(_rows)(*self.lookup_arrays(), np.ascontiguousarray(code.reshape(-1)),
+        row, found = jit(_rows)(*self._lookup_arrays(), np.ascontiguousarray(code.reshape(-1)),
                                 np.ascontiguousarray(pos.reshape(-1)), 1)
         return row.reshape(code.shape), found.reshape(code.shape)
 
-    def lookup_arrays(self) -> tuple:
+    def _lookup_arrays(self) -> tuple:
         """``(key, stride, start, first, count, dense)``: what the compiled lookups read (:meth:`find`)."""
         if self.key.size == 0:
             return self.key, self.stride, *(np.zeros(1, np.int64),) * 3, np.ones(1, dtype=bool)
@@ -175,7 +175,7 @@ def draft_evidence(index: TokenIndex, code: np.ndarray, first_pos: np.ndarray,
     code = np.ascontiguousarray(np.broadcast_to(np.asarray(code, dtype=np.int64), (n,)))
     first_pos = np.ascontiguousarray(np.broadcast_to(np.asarray(first_pos, dtype=np.int64), (n,)))
     cells = np.ones((n, gamma), dtype=bool) if cells is None else np.ascontiguousarray(cells, dtype=bool)
-    row, found = jit(_rows)(*index.lookup_arrays(), code, first_pos, gamma)
+    row, found = jit(_rows)(*index._lookup_arrays(), code, first_pos, gamma)
     realised = np.where(found, index.token_id[row] if index.key.size else NO_TOKEN, NO_TOKEN).astype(np.int64)
     state, at, lp_draft, lp_top = jit(_top_hits)(index.token_id, index.logprob, index.top_ids, index.top_logprobs,
                                                  row.reshape(-1), found.reshape(-1), drafts.reshape(-1),
