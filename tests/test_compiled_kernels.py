@@ -156,3 +156,23 @@ def test_compiled_chain_gives_the_ceiling_numpy_s_products_and_row_sums_give(see
     rest, _ = _chain_oracle(tail, walk.unverifiable)
     want = np.where(walk.censored, walk.window + extra + prod * rest, walk.correct).astype(np.float64)
     assert np.array_equal(ceiling_from_factors(walk, a, tail=tail), want)
+
+
+def test_a_loop_that_cannot_be_cached_is_still_compiled(monkeypatch):
+    """A read-only install with a read-only home leaves numba nowhere to cache: the loop is compiled anyway."""
+    import numba
+
+    from dspark_obs.estimators import compiled
+
+    real = numba.njit
+
+    def no_locator(*args, cache=False, **kwargs):
+        if cache:
+            raise RuntimeError("cannot cache function: no locator available")
+        return real(*args, **kwargs)
+
+    def twice(x):
+        return 2 * x
+
+    monkeypatch.setattr(numba, "njit", no_locator)
+    assert compiled.jit(twice)(21) == 42 and compiled.jit(twice) is compiled.jit(twice)

@@ -17,4 +17,7 @@ def jit(func: Callable) -> Callable:
     """``func`` compiled in nopython mode, on its first use (a module-level function of plain arrays)."""
     import numba  # here, not at the top: LLVM loads only for a command that runs a compiled loop
 
-    return numba.njit(cache=True, nogil=True)(func)
+    try:
+        return numba.njit(cache=True, nogil=True)(func)
+    except RuntimeError:   # no place to cache it (a read-only install and home): compiled in each process
+        return numba.njit(nogil=True)(func)
