@@ -25,7 +25,7 @@ is needed.
 
 The lookups are compiled (numba): each cell takes a branch (gapless request or
 search, a hit in the top-k or not, the realised token or the top-k's logprob), and
-numpy needed some forty passes over ``[steps, gamma]`` and ``[cells, k]`` arrays
+numpy needed several dozen passes over ``[steps, gamma]`` and ``[cells, k]`` arrays
 for them: 88 against 20 ms for a chunk of 150k request-steps.  The kernels gather
 values only; every probability is still ``numpy.exp`` of the stored logprob (the
 same bits as the rest of the project).  numba is imported on the first lookup

@@ -127,7 +127,7 @@ def walk_blocks(drafts: np.ndarray, window: np.ndarray, correct: np.ndarray, rea
 
 def _walk(drafts, window, censored, realised, natural_end):
     """:func:`walk_blocks` per step, compiled (:mod:`~dspark_obs.estimators.compiled`): the walk is a loop
-    that stops where the draft and the output part, which numpy wrote as a dozen ``[n, gamma]`` passes."""
+    that stops where the draft and the output part, which numpy wrote as some thirty whole-array passes."""
     n, gamma = drafts.shape
     category = np.full(n, EXACT_IN_WINDOW, np.int8)
     walked = np.zeros((n, gamma), np.bool_)
