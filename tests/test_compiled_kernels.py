@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from dspark_obs.estimators.ceiling.evidence import check_alignment, draft_evidence, token_index
 from dspark_obs.acceptance import censored as censored_rule
 from dspark_obs.estimators.ceiling.walk import (AT_END, DIVERGED, EOS, EXACT_IN_WINDOW, NO_TOKEN, RESOLVED_EXACT,
-                                                ceiling_from_factors, walk_blocks)
+                                                ceiling_from_factors, sglang_interval, walk_blocks)
 
 
 def _oracle(index, code, first_pos, drafts, cells, correct, bonus):
@@ -156,6 +156,24 @@ def test_compiled_chain_gives_the_ceiling_numpy_s_products_and_row_sums_give(see
     rest, _ = _chain_oracle(tail, walk.unverifiable)
     want = np.where(walk.censored, walk.window + extra + prod * rest, walk.correct).astype(np.float64)
     assert np.array_equal(ceiling_from_factors(walk, a, tail=tail), want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), gamma=st.integers(1, 7), n=st.integers(0, 50))
+def test_compiled_interval_gives_the_ceilings_of_a_zero_and_a_full_tail(seed, gamma, n):
+    """SGLang's rule: ``lo`` the ceiling with nothing unverifiable accepted, ``hi`` that plus the walked
+    product per unverifiable offset; bit for bit the whole-array chains' figures, NaN factors included."""
+    rng = np.random.default_rng(seed)
+    window = rng.integers(0, gamma + 1, n)
+    walk = walk_blocks(rng.integers(0, 3, (n, gamma)), window, np.where(rng.random(n) < 0.7, window, 0),
+                       rng.integers(-1, 3, (n, gamma)), rng.random(n) < 0.5)
+    a = np.where(rng.random((n, gamma)) < 0.1, np.nan, rng.random((n, gamma)))
+    extra, prod = _chain_oracle(a, walk.walked)
+    lo = np.where(walk.censored, walk.window + extra + prod * 0.0, walk.correct).astype(np.float64)
+    hi = np.where(walk.censored, lo + prod * walk.unverifiable.sum(axis=1), lo)
+    got = sglang_interval(walk, a)
+    for name, x, y in zip(("lo", "mid", "hi"), got, (lo, 0.5 * (lo + hi), hi)):
+        assert np.array_equal(x, y, equal_nan=True), name
 
 
 def test_a_loop_that_cannot_be_cached_is_still_compiled(monkeypatch):
