@@ -13,7 +13,8 @@ import typer
 
 from dspark_obs.console import check_choice, fail
 
-__all__ = ["ENGINE", "RAY_ADDRESS", "RAY_WORKERS", "JOBS", "PRELOAD", "DATA_ROOT_HELP", "engine_for", "data_root"]
+__all__ = ["ENGINE", "RAY_ADDRESS", "RAY_WORKERS", "JOBS", "PRELOAD", "WARM", "DATA_ROOT_HELP", "engine_for",
+           "data_root"]
 
 ENGINE = typer.Option("local", "--engine", help="local: this machine (--jobs processes) | ray: the run's chunks (rid "
                       "ranges) split "
@@ -29,15 +30,19 @@ PRELOAD = {"estimate": ("dspark_obs.sql", "dspark_obs.estimators.ceiling.ray"),
            "calibrate": ("dspark_obs.sql", "dspark_obs.estimators.calibration.ray")}
 PRELOAD["report"] = PRELOAD["estimate"] + PRELOAD["calibrate"][1:]
 """What each command's tasks import: loaded once, before the ``--jobs`` workers fork."""
+WARM = {"estimate": ("dspark_obs.estimators.compiled:warm",), "calibrate": ()}
+WARM["report"] = WARM["estimate"]
+"""What each ``--jobs`` worker runs once it is up, while the command plans (the estimator's compiled loops)."""
 DATA_ROOT_HELP = ("Data root of the store: a directory (from `dspark-obs collect` or `demo`) or an object-store URL "
                   "(s3://bucket/prefix?endpoint_override=host:port&scheme=http).")
 
 
 def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs: Optional[int] = None,
-               preload: tuple = (), ctx: Optional[typer.Context] = None):
+               preload: tuple = (), ctx: Optional[typer.Context] = None, warm: tuple = ()):
     """The engine the options ask for, started: a :class:`~dspark_obs.ray_engine.RayEngine`, a
     :class:`~dspark_obs.process_engine.ProcessEngine` of ``jobs`` processes (default: all cores; its
-    workers fork after importing ``preload``, and end when the command's ``ctx`` closes), or None for one
+    workers fork after importing ``preload``, run ``warm`` while the command goes on, and end when the
+    command's ``ctx`` closes), or None for one
     process, which then takes one core until ``ctx`` closes (:func:`~dspark_obs.process_engine.one_core`)."""
     # at call time: the CLI imports this module to declare its options; each engine loads for its command
     from dspark_obs.ray_engine import ENGINES, RayEngine, RayUnavailable
@@ -58,7 +63,7 @@ def engine_for(engine: str, address: Optional[str], workers: Optional[int], jobs
             if ctx is not None:   # the command's end restores it (a caller that runs several commands)
                 ctx.call_on_close(undo)
             return None
-        pool = ProcessEngine(jobs, preload=preload).start()
+        pool = ProcessEngine(jobs, preload=preload, warm=warm).start()
         if ctx is not None:
             ctx.call_on_close(pool.close)   # the workers end with the command, however it ends
         return pool

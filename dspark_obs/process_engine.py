@@ -29,6 +29,7 @@ import atexit
 import importlib
 import multiprocessing
 import os
+import pickle
 import sys
 import traceback
 import types
@@ -40,7 +41,7 @@ import pyarrow as pa
 
 from dspark_obs import sql
 
-__all__ = ["ProcessEngine", "WorkerPool", "default_jobs", "one_core"]
+__all__ = ["ProcessEngine", "WorkerPool", "PickledOnce", "default_jobs", "one_core"]
 
 
 def default_jobs() -> int:
@@ -71,6 +72,19 @@ def one_core() -> Callable[[], None]:
         blas.restore_original_limits()
 
     return undo
+
+
+class PickledOnce:
+    """An argument of every worker's call (a run's plan: tens of MB), pickled once however many get it; each
+    worker unpickles the value itself."""
+
+    def __init__(self, value) -> None:
+        self.value, self._pickled = value, None
+
+    def __reduce__(self):
+        if self._pickled is None:
+            self._pickled = pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL)
+        return pickle.loads, (self._pickled,)
 
 
 def _serve(conn) -> None:
@@ -113,13 +127,26 @@ class _Worker:
         self.process = context.Process(target=_serve, args=(child,), daemon=True)
         self.process.start()
         child.close()
+        self.unanswered = 0   # calls sent with no one waiting for their reply (warm-ups)
 
     def send(self, kind: str, fn: Callable, args: tuple) -> None:
         self.conn.send((kind, fn, args))
 
+    def send_unawaited(self, fn: Callable) -> None:
+        """Run ``fn()`` before the next call; its reply (or its error) is dropped when that call's comes."""
+        self.send("call", fn, ())
+        self.unanswered += 1
+
+    def drop_reply(self) -> None:
+        """Receive the reply of an unawaited call, and drop it."""
+        self.conn.recv()
+        self.unanswered -= 1
+
     def result(self):
         """The reply to the last message sent; the worker's error raised here, its traceback as a note."""
         try:
+            while self.unanswered:
+                self.drop_reply()
             ok, value, trace = self.conn.recv()
         except (EOFError, OSError):
             self.process.join(timeout=5)
@@ -175,7 +202,15 @@ def _dispatch(workers: list[_Worker], fn: Callable, calls: list[tuple], done: Ca
         give(w)
     while busy:
         for conn in wait(list(busy)):
-            w, i = busy.pop(conn)
+            w, i = busy[conn]
+            if w.unanswered:   # a warm-up's reply: the call's is still to come
+                try:
+                    w.drop_reply()
+                except (EOFError, OSError):
+                    pass   # the worker died: result() below says so
+                else:
+                    continue
+            del busy[conn]
             try:
                 results[i] = w.result()
             except BaseException as exc:  # noqa: BLE001 - the running calls finish before it is raised
@@ -230,6 +265,7 @@ class ProcessEngine:
 
     jobs: int
     preload: tuple = ()
+    warm: tuple = ()                # "module:function"s each worker runs once it is up, while the command goes on
     min_chunks: int = 2             # runs of fewer chunks stay in this process (their one-pass figures)
     start_method: str | None = None  # how its workers started: fork (modules loaded) or spawn
     _workers: list | None = field(default=None, repr=False)
@@ -255,6 +291,10 @@ class ProcessEngine:
                 sys.modules["__main__"] = main
         self._workers = workers
         _each(workers, "call", os.getpid, [()] * len(workers))   # every worker up before the command goes on
+        for name in self.warm:
+            module, function = name.split(":")
+            for w in workers:
+                w.send_unawaited(getattr(importlib.import_module(module), function))
         atexit.register(self.close)   # the workers end (and are waited for) with the command
         return self
 

@@ -49,6 +49,38 @@ def test_the_pool_maps_in_call_order_on_other_processes(pool):
     assert pool.parallelism() == 2 and default_jobs() >= 1
 
 
+def _set_warmed() -> None:
+    os.environ["DSPARK_OBS_TEST_WARMED"] = str(os.getpid())
+
+
+def _warmed() -> str | None:
+    return os.environ.get("DSPARK_OBS_TEST_WARMED")
+
+
+def _fail_to_warm() -> None:
+    raise RuntimeError("a warm-up that fails")
+
+
+def test_workers_warm_up_before_their_first_call_and_a_failed_warm_up_is_dropped():
+    """The warm-ups' replies are not taken for a call's, whether the first call is a pool's or a map's."""
+    for first in ("apply", "map"):
+        engine = ProcessEngine(2, warm=(f"{__name__}:_fail_to_warm", f"{__name__}:_set_warmed")).start()
+        try:
+            if first == "apply":
+                pids = engine.pool().apply(_state_pid)
+            else:
+                pids = engine.map(os.getpid, [()] * 2)
+            assert len(set(pids)) == 2 and os.getpid() not in pids
+            assert set(engine.map(_warmed, [()] * 6)) <= {str(p) for p in pids}
+        finally:
+            engine.close()
+    assert _warmed() is None   # they ran in the workers, not here
+
+
+def _state_pid(state) -> int:
+    return os.getpid()
+
+
 @pytest.mark.parametrize("chunk_rows", [1600, 1500])   # 4 chunks dealt as they are; 5, re-cut into 6 equal ones
 def test_two_processes_give_the_one_process_estimate(generated, pool, chunk_rows):
     opts = dict(n_bootstrap=150, seed=3, chunk_rows=chunk_rows, fit_rows=2500, write=False)

@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, data_root, engine_for
+from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, WARM, data_root, engine_for
 from dspark_obs.console import FORMAT_HELP, check_choice, check_format, fail, in_range, print_table
 from rich import box
 from rich.table import Table
@@ -106,7 +106,8 @@ def estimate(
     check_format(format)
     check_choice("--method", method, METHOD_CHOICES)
     data = data_root(data)
-    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["estimate"], ctx=ctx)
+    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["estimate"], ctx=ctx,
+                     warm=WARM["estimate"])
     con = sqlmod.connect(data)
     run = run or _only_compact_run(con)
     known = {r[0] for r in con.sql("SELECT DISTINCT run_id FROM step_reqs").fetchall()}

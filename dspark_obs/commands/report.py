@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, engine_for
+from dspark_obs.engine_options import DATA_ROOT_HELP, ENGINE, JOBS, PRELOAD, RAY_ADDRESS, RAY_WORKERS, WARM, engine_for
 from dspark_obs.console import fail, in_range
 
 
@@ -115,7 +115,8 @@ def report(
                 fail(f"{flag}: {exc}")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} is a file; give a directory")
-    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["report"], ctx=ctx)
+    ray = engine_for(engine, ray_address, ray_workers, jobs, preload=PRELOAD["report"], ctx=ctx,
+                     warm=WARM["report"])
     opts = ReportOptions(data=data, out=out, runs=run or None, since=since, baseline=baseline or None,
                          baseline_since=baseline_since, thresholds=thresholds, now=_parse_now(now), png=png,
                          history=history, recompute=recompute, n_bootstrap=bootstrap, engine=ray)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import Callable
 
-__all__ = ["jit"]
+__all__ = ["jit", "warm"]
 
 
 @functools.cache
@@ -21,3 +21,14 @@ def jit(func: Callable) -> Callable:
         return numba.njit(cache=True, nogil=True)(func)
     except RuntimeError:   # no place to cache it (a read-only install and home): compiled in each process
         return numba.njit(nogil=True)(func)
+
+
+def warm() -> None:
+    """Load numba and its compiler's runtime now (about 0.5 CPU s, most of it the first compiled call of a
+    process, whichever loop it is; the next loops load from the cache in milliseconds): a ``--jobs`` worker
+    does this while the command plans, instead of in its first task."""
+    jit(_first)(0)
+
+
+def _first(x):
+    return x

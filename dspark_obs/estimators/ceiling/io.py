@@ -301,6 +301,7 @@ class _ChunkResult:
     workload: np.ndarray
     summary_columns: dict
     known_sums: dict           # validation sums over every step with a truth
+    group_sums: dict           # validation sums of the censored steps with a truth, per group but the bins
     censored_known: dict       # per-step columns of the censored steps with a truth, for the validation
     censored_rows: np.ndarray  # which steps those are
     source: str | None
@@ -323,11 +324,14 @@ def _estimate_chunk(con, run_id: str, x: ChunkInputs, chunk: Chunk, *, mode: str
     base = censored & known
     # Truths count drafts and the emulator's expectation is stored as float32: both are exact in float32.
     kept = {"lo": est.lo[base], "mid": est.mid[base], "hi": est.hi[base], "truth": truth[base].astype(np.float32),
-            "emu": emu[base].astype(np.float32), "category": est.walk.category[base],
-            "workload": workload_code[base], "workload_names": workload_names, "greedy": x.greedy[base]}
+            "emu": emu[base].astype(np.float32), "greedy": x.greedy[base]}
+    # The validation's groups by label are summed here, where the chunk is estimated (on a worker with --jobs);
+    # only the bins, which rank the whole run's steps, need the kept steps.
+    groups = ceiling_stats.label_group_sums(**kept, category=est.walk.category[base], category_names=CATEGORIES,
+                                      workload=workload_code[base], workload_names=workload_names)
     return _ChunkResult(ceiling, workload, {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
-                        ceiling_stats.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), kept, base,
-                        source)
+                        ceiling_stats.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), groups, kept,
+                        base, source)
 
 
 def _file_schema(table: str) -> pa.Schema:

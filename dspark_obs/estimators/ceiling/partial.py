@@ -4,10 +4,10 @@ A run is estimated a chunk of whole requests at a time, on one machine or on
 many (``--engine ray``).  Whatever the split, each worker reduces its chunks to
 a :class:`RunPartial` — small sufficient statistics: per workload the summary's
 sums and their request-bootstrap reweightings (:class:`~dspark_obs.estimators.ceiling.stats.GroupSums`,
-weights drawn per request, so they add), the validation's sums, and the
-censored steps with a truth that the equal-count bins of the validation need,
-tagged with their request's position in the run so the merge restores run
-order.  :func:`merge_partials` adds them; the local path is the merge of one.
+weights drawn per request, so they add), the validation's sums (over every step, and per group of the
+censored steps by sampling, category and workload), and the censored steps with a truth that the
+equal-count bins of the validation need (their bounds and truths only), tagged with their request's
+position in the run so the merge restores run order.  :func:`merge_partials` adds them; the local path is the merge of one.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ import pyarrow.compute as pc
 
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.ceiling import stats as ceiling_stats
-from dspark_obs.estimators.ceiling.walk import CATEGORIES
 
 __all__ = ["RunTotals", "RunPartial", "merge_partials", "rid_positions", "workload_codes"]
 
@@ -71,6 +70,7 @@ class RunTotals:
         self.totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
                                                         window=x.window, key=keys[al.code], **part.summary_columns))
         p.all_sums = ceiling_stats.add_stat_sums(p.all_sums, part.known_sums)
+        p.groups = ceiling_stats.add_label_group_sums(p.groups, part.group_sums)
         kept = dict(part.censored_known)
         kept["order"] = where[al.code][part.censored_rows]
         p.known.append(kept)
@@ -93,6 +93,7 @@ class RunPartial:
     source: str | None = None
     all_sums: dict | None = None
     summary: dict = field(default_factory=dict)      # workload -> GroupSums
+    groups: dict = field(default_factory=dict)       # (group_kind, group) -> validation sums, all groups but bins
     known: list = field(default_factory=list)        # per chunk: censored steps with a truth
     misaligned: list = field(default_factory=list)   # (position in the run, rid)
     sampling: dict = field(default_factory=dict)     # (sampling, source) -> requests
@@ -111,17 +112,11 @@ class RunPartial:
         known = sorted(self.known, key=lambda p: p["order"][0] if len(p["order"]) else -1)
         at = np.concatenate([p["order"] for p in known])
         order = None if (at[1:] >= at[:-1]).all() else np.argsort(at, kind="stable")
-        kn = {k: np.concatenate([p[k] for p in known]) for k in known[0]
-              if k not in ("order", "workload", "workload_names")}
-        names = np.unique(np.concatenate([np.asarray(p["workload_names"], dtype=str) for p in known]))
-        kn["workload"] = np.concatenate([np.searchsorted(names, np.asarray(p["workload_names"], dtype=str))
-                                         .astype(np.int32)[p["workload"]] for p in known])
+        kn = {k: np.concatenate([p[k] for p in known]) for k in known[0] if k != "order"}
         if order is not None:
             kn = {k: v[order] for k, v in kn.items()}
-        return ceiling_stats.validate_parts(
-            self.all_sums, kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"],
-            category=kn["category"], category_names=CATEGORIES, workload=kn["workload"], workload_names=names,
-            greedy=kn["greedy"])
+        return ceiling_stats.validation_rows(self.all_sums, self.groups, kn["lo"], kn["mid"], kn["hi"], kn["truth"],
+                                             kn["emu"], kn["greedy"])
 
 
 def merge_partials(parts: list[RunPartial]) -> RunPartial:
@@ -134,6 +129,7 @@ def merge_partials(parts: list[RunPartial]) -> RunPartial:
         out.source = out.source or p.source
         if p.all_sums is not None:
             out.all_sums = ceiling_stats.add_stat_sums(out.all_sums, p.all_sums)
+        out.groups = ceiling_stats.add_label_group_sums(out.groups, p.groups)
         out.known += p.known
         out.misaligned += p.misaligned
         for key, n in p.sampling.items():
@@ -144,8 +140,8 @@ def merge_partials(parts: list[RunPartial]) -> RunPartial:
 
 def workload_codes(steps: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     """``(names, codes)``: the steps' workloads (``unknown`` where the request has none) as names and each
-    step's index among them; the censored steps' codes are kept until the run's validation (a label per
-    step was ~100 bytes, and its pickle and hash dominated the validation)."""
+    step's index among them: the validation's groups are summed by code, chunk by chunk (a label per step
+    was ~100 bytes, and its pickle and hash dominated the validation)."""
     encoded = pc.dictionary_encode(pc.fill_null(steps.column("workload"), "unknown").combine_chunks())
     names = np.asarray(encoded.dictionary.to_pylist() + [None], dtype=object)[:-1]   # 1-D even for one name
     return names, encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32)

@@ -15,13 +15,14 @@ fitted on the driver and only runs the chunks.
 
 from __future__ import annotations
 
+import functools
 import secrets
 import threading
 
 import pyarrow as pa
 
 from dspark_obs import sql as sqlmod
-from dspark_obs.process_engine import one_core
+from dspark_obs.process_engine import PickledOnce, one_core
 from dspark_obs.estimators.ceiling import io as ceiling_io
 from dspark_obs.estimators.ceiling.drafter import import_optimiser
 from dspark_obs.estimators.ceiling.fit_parts import map_parts
@@ -35,7 +36,7 @@ def estimate_shard(root: str, plan: "ceiling_io.RunPlan", chunks: list, *, n_boo
                    batch: str | None):
     """One task: estimate ``chunks`` of the run read from ``root``; stage the rows under ``batch``
     (None: return them)."""
-    con, store = sqlmod.connection_and_store(root)
+    con, store = _worker_connection(root)
     tables = []
     sink = tables.append if batch is None else (lambda t: store.stage("ceiling", plan.run_id, t, batch))
     partial = ceiling_io.estimate_chunks(con, plan, chunks, store.root, n_bootstrap=n_bootstrap, seed=seed, sink=sink)
@@ -58,7 +59,8 @@ def fit_on_pool(pool, root: str, plan: "ceiling_io.RunPlan"):
     groups += [[] for _ in range(len(pool) - len(groups))]
     # This process waits while the actors read the sample: it imports the optimiser then, off the critical path.
     threading.Thread(target=import_optimiser, name="import-optimiser", daemon=True).start()
-    pool.load(_load_parts, [(root, plan, group) for group in groups])
+    shared = PickledOnce(plan)
+    pool.load(_load_parts, [(root, shared, group) for group in groups])
     try:
         return ceiling_io.fit_run(_PoolParts(pool), plan.run_id, plan.gamma)
     finally:
@@ -72,7 +74,7 @@ def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstr
     batch = f"ceiling-{secrets.token_hex(6)}" if write else None
     root = str(store.root) if not hasattr(store, "url") else store.url
     pool = engine.pool(init=_one_core) if hasattr(engine, "pool") else None
-    calls = [(root, plan, group) for group in dealt_groups(plan.rids, plan.counts, plan.chunks, engine.parallelism())]
+    calls = [(root, group) for group in dealt_groups(plan.rids, plan.counts, plan.chunks, engine.parallelism())]
     total, done = int(plan.counts.sum()), [0]
 
     def finished(result) -> None:
@@ -83,7 +85,9 @@ def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstr
     try:
         if plan.model is None:
             plan.model = fit_on_pool(pool, root, plan)
-        results = (pool or engine).map(_task, [(*c, n_bootstrap, seed, batch) for c in calls], done=finished)
+        shared = PickledOnce(plan)   # with its fit
+        results = (pool or engine).map(_task, [(root, shared, group, n_bootstrap, seed, batch) for root, group in calls],
+                                       done=finished)
         partial = merge_partials([p for p, _ in results])
         summary, validation, companion = ceiling_io.finish_estimate(plan, partial, n_bootstrap=n_bootstrap)
         if write:
@@ -105,8 +109,19 @@ def _one_core() -> None:
 
 
 def _load_parts(root: str, plan: "ceiling_io.RunPlan", chunks: list) -> list:
-    con, store = sqlmod.connection_and_store(root)
+    con, store = _worker_connection(root)
     return ceiling_io.load_fit_parts(con, plan, chunks, store.root)
+
+
+def _worker_connection(root: str):
+    """``(connection, Store)`` of ``root`` for a task: one connection per worker process, opened by its first
+    task (0.1 CPU s) and refreshed for each later one (the fit's parts, then the chunks)."""
+    return sqlmod.connection_and_store(_connection(root))
+
+
+@functools.lru_cache(maxsize=1)
+def _connection(root: str):
+    return sqlmod.connect(root)
 
 
 def _forget() -> None:

@@ -12,7 +12,6 @@ so utilisation = mean acc_len / mean ceiling accept length.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -21,7 +20,8 @@ from dspark_obs.estimators import stats as bootstrap
 
 __all__ = ["summarize", "summarize_totals", "summary_sums", "merge_summary_sums", "summary_rows", "GroupSums",
            "request_totals", "concat_totals", "RequestTotals", "validate",
-           "validate_parts", "stat_sums", "add_stat_sums", "equal_count_bins", "N_BINS"]
+           "validate_parts", "label_group_sums", "add_label_group_sums", "validation_rows", "stat_sums",
+           "add_stat_sums", "equal_count_bins", "N_BINS"]
 
 N_BINS = 8
 ALL = "*"
@@ -295,11 +295,11 @@ def stat_sums(lo, mid, hi, truth, emu, mask, per_step) -> dict:
     realisation is one draw of a random acceptance: it is judged through the
     means (bias, bins) and, in the emulator, against its expectation (``emu``).
     """
-    has_t = mask & ~np.isnan(truth)
-    has_e = mask & ~np.isnan(emu)
-    per_step = np.broadcast_to(np.asarray(per_step, dtype=bool), has_t.shape)
-    return {**_truth_sums(lo[has_t], mid[has_t], hi[has_t], truth[has_t], per_step[has_t]),
-            **_emu_sums(lo[has_e], mid[has_e], hi[has_e], emu[has_e])}
+    mask = np.asarray(mask, dtype=bool)
+    per_step = np.broadcast_to(np.asarray(per_step, dtype=bool), mask.shape)
+    (total,) = _sums_by_codes(*(np.asarray(x)[mask] for x in (lo, mid, hi, truth, emu)), per_step[mask],
+                              [(np.zeros(int(mask.sum()), np.int8), 1)])
+    return _as_sums(total[0])
 
 
 def add_stat_sums(a: dict | None, b: dict) -> dict:
@@ -371,25 +371,62 @@ def validate_parts(all_steps: dict, lo, mid, hi, truth, emu, *, category, worklo
     ``category`` and ``workload`` hold labels, or codes into ``category_names`` / ``workload_names`` when
     those are given (no string per step).
     """
+    groups = label_group_sums(lo, mid, hi, truth, emu, category=category, workload=workload, greedy=greedy,
+                        category_names=category_names, workload_names=workload_names)
+    return validation_rows(all_steps, groups, lo, mid, hi, truth, emu, greedy, n_bins=n_bins)
+
+
+def label_group_sums(lo, mid, hi, truth, emu, *, category, workload, greedy, category_names=None,
+                     workload_names=None) -> dict:
+    """``{(group_kind, group): stat sums}`` of censored steps with a truth or an expectation, for the groups
+    of :func:`validate` that are labels (``overall``, ``sampling``, ``category``, ``workload``; not the bins,
+    which rank every step of the run): they add over chunks of steps (:func:`add_label_group_sums`), so each
+    chunk's are summed where it was estimated.  Arguments as :func:`validate_parts`'s."""
+    greedy = np.asarray(greedy, dtype=bool)
+    sampling = (np.array(["greedy", "temperature"]), (~greedy).astype(np.int8))   # the names sorted, as text
+    kinds = {"sampling": sampling, "category": _coded(category, category_names),
+             "workload": _coded(workload, workload_names)}
+    groupings = [(np.zeros(greedy.size, np.int8), 1)] + [(codes, names.size) for names, codes in kinds.values()]
+    overall, *totals = _sums_by_codes(*_known_columns(lo, mid, hi, truth, emu), greedy, groupings)
+    out = {("overall", ALL): _as_sums(overall[0])}
+    for (kind, (names, codes)), total in zip(kinds.items(), totals):
+        for code in np.flatnonzero(np.bincount(codes, minlength=names.size)).tolist():   # the codes present
+            out[(kind, str(names[code]))] = _as_sums(total[code])
+    return out
+
+
+def add_label_group_sums(a: dict, b: dict) -> dict:
+    """:func:`label_group_sums` of two disjoint sets of steps."""
+    return {key: add_stat_sums(a.get(key), b[key]) for key in b} | {key: a[key] for key in a if key not in b}
+
+
+def validation_rows(all_steps: dict, groups: dict, lo, mid, hi, truth, emu, greedy, *,
+                    n_bins: int = N_BINS) -> list[dict]:
+    """The rows of :func:`validate`: ``all_steps`` and ``groups`` (:func:`label_group_sums`) as they are, the bins
+    from the censored steps with a truth or an expectation, in run order."""
     if not (all_steps["n"] or all_steps["emu_n"]):
         return []
-    lo, mid, hi = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi))
-    # truths stay as kept (float32 counts): widened where they are gathered, as stat_sums sums them
-    truth, emu = (np.asarray(x, dtype=None if np.asarray(x).dtype.kind == "f" else np.float64) for x in (truth, emu))
-    known = _KnownSteps(lo, mid, hi, truth, emu, np.asarray(greedy, dtype=bool))
     rows = [{"group_kind": "all_steps", "group": ALL, **_from_sums(all_steps)},
-            {"group_kind": "overall", "group": ALL, **_from_sums(known.sums_by_code(np.zeros(lo.size, np.int8), 1,
-                                                                                     every=True)[0][1])}]
-    sampling = (np.array(["greedy", "temperature"]), (~known.greedy).astype(np.int8))   # the names sorted, as text
-    for kind, (names, codes) in (("sampling", sampling), ("category", _coded(category, category_names)),
-                                 ("workload", _coded(workload, workload_names))):
-        for code, sums in known.sums_by_code(codes, names.size):
-            rows.append({"group_kind": kind, "group": str(names[code]), **_from_sums(sums)})
+            {"group_kind": "overall", "group": ALL, **_from_sums(groups[("overall", ALL)])}]
+    for kind in ("sampling", "category", "workload"):
+        for name in sorted(group for k, group in groups if k == kind):
+            rows.append({"group_kind": kind, "group": name, **_from_sums(groups[(kind, name)])})
+    lo, mid, hi, truth, emu = _known_columns(lo, mid, hi, truth, emu)
     if lo.size:
         bins = equal_count_bins(mid, n_bins)
-        for b, sums in known.sums_by_code(bins, int(bins.max()) + 1):
-            rows.append({"group_kind": "bin", "group": str(b), "bin": b, **_from_sums(sums)})
+        n_codes = int(bins.max()) + 1
+        (total,) = _sums_by_codes(lo, mid, hi, truth, emu, np.asarray(greedy, dtype=bool), [(bins, n_codes)])
+        for b in np.flatnonzero(np.bincount(bins, minlength=n_codes)).tolist():
+            rows.append({"group_kind": "bin", "group": str(b), "bin": b, **_from_sums(_as_sums(total[b]))})
     return rows
+
+
+def _known_columns(lo, mid, hi, truth, emu) -> tuple:
+    """The bounds as float64; truths stay as kept (float32 counts): widened where they are gathered, as
+    :func:`stat_sums` sums them."""
+    lo, mid, hi = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi))
+    truth, emu = (np.asarray(x, dtype=None if np.asarray(x).dtype.kind == "f" else np.float64) for x in (truth, emu))
+    return lo, mid, hi, truth, emu
 
 
 def _coded(labels, names) -> tuple[np.ndarray, np.ndarray]:
@@ -400,56 +437,59 @@ def _coded(labels, names) -> tuple[np.ndarray, np.ndarray]:
     return text, of_name.reshape(-1)[np.asarray(labels, dtype=np.int64)]
 
 
-class _KnownSteps:
-    """Censored steps, for the :func:`stat_sums` of many groups of them (:meth:`sums_by_code`): where the
-    steps with a truth and those with an expectation are, found once."""
-
-    def __init__(self, lo, mid, hi, truth, emu, greedy) -> None:
-        self.lo, self.mid, self.hi, self.truth, self.emu, self.greedy = lo, mid, hi, truth, emu, greedy
-        self.with_truth = np.flatnonzero(~np.isnan(truth))
-        self.with_emu = np.flatnonzero(~np.isnan(emu))
-
-    def sums_by_code(self, codes: np.ndarray, n_codes: int, *, every: bool = False) -> list[tuple[int, dict]]:
-        """``(code, stat_sums of its steps)`` for each code present (ascending; ``every``: each code).
-
-        Each code's steps are taken in their own order (a stable sort by code), so every sum adds the same
-        numbers in the same order as :func:`stat_sums` over a mask of that code: the same floats, bit for
-        bit, in one pass over the steps instead of one per code.  The steps with a truth and those with an
-        expectation are gathered one side at a time (memory: one side's columns, not every group's).
-        """
-        codes = np.asarray(codes, dtype=np.int16 if n_codes < 2**15 else np.int64)   # 16 bits: a radix sort
-        present = np.bincount(codes, minlength=n_codes) > 0 if codes.size else np.zeros(n_codes, dtype=bool)
-        wanted = range(n_codes) if every else np.flatnonzero(present).tolist()
-        truth_sums = _side_sums(codes, n_codes, self.with_truth, (self.lo, self.mid, self.hi, self.truth, self.greedy),
-                                _truth_sums, wanted)
-        emu_sums = _side_sums(codes, n_codes, self.with_emu, (self.lo, self.mid, self.hi, self.emu), _emu_sums, wanted)
-        return [(code, {**t, **e}) for code, t, e in zip(wanted, truth_sums, emu_sums)]
+_SUMS = ("n", "coverage_n", "coverage", "lo", "mid", "hi", "truth", "bias", "mae",
+         "emu_n", "emu_coverage", "emu_lo", "emu_mid", "emu_hi", "emu", "emu_bias", "emu_mae")
+_COUNTS = frozenset({"n", "coverage_n", "coverage", "emu_n", "emu_coverage"})
+_BLOCK = 1 << 16   # steps summed at a time: their [block, 17] terms (8.9 MB) stay below glibc's mmap threshold
 
 
-def _side_sums(codes: np.ndarray, n_codes: int, at: np.ndarray, columns: tuple, summed: Callable[..., dict],
-               wanted) -> list[dict]:
-    """``summed(*columns)`` over the steps ``at`` of each wanted code: ``columns`` gathered in stable code
-    order, each code's steps one slice (floats widened to float64, as :func:`stat_sums` sums them)."""
-    of_side = codes[at]
-    order = np.argsort(of_side, kind="stable")
-    bounds = np.searchsorted(of_side[order], np.arange(n_codes + 1)).tolist()
-    taken = at[order]
-    del of_side, order
-    gathered = [c[taken].astype(np.float64, copy=False) if c.dtype.kind == "f" else c[taken] for c in columns]
-    return [summed(*(c[bounds[code]:bounds[code + 1]] for c in gathered)) for code in wanted]
+def _as_sums(row: np.ndarray) -> dict:
+    """A row of :func:`_sums_by_codes` as :func:`stat_sums`'s dict (counts as ints)."""
+    return {name: int(round(v)) if name in _COUNTS else v for name, v in zip(_SUMS, row)}
 
 
-def _truth_sums(lo_t, mid_t, hi_t, t, per_step_t) -> dict:
-    """The sums over steps with a truth: their count, bounds, truth, bias; MAE and coverage over ``per_step``."""
-    exact_t = np.asarray(per_step_t, dtype=bool)
-    x = t[exact_t]
-    return {"n": int(t.size), "coverage_n": int(exact_t.sum()), "lo": lo_t.sum(), "mid": mid_t.sum(),
-            "hi": hi_t.sum(), "truth": t.sum(), "bias": (mid_t - t).sum(), "mae": np.abs(mid_t[exact_t] - x).sum(),
-            "coverage": int(((lo_t[exact_t] <= x + 1e-9) & (x <= hi_t[exact_t] + 1e-9)).sum())}
+def _sums_by_codes(lo, mid, hi, truth, emu, greedy, groupings: list) -> list[np.ndarray]:
+    """For each grouping ``(codes, n_codes)``, ``[n_codes, len(_SUMS)]``: the :func:`stat_sums` of each code's
+    steps; every grouping in one pass over the steps, a block at a time, each block's terms (:func:`_terms`)
+    summed per code by one product with the codes' indicator matrix (a few passes instead of a gather and a
+    dozen sums per code).  A block with a value that is not finite is summed code by code, so that it spoils
+    only its own code's sums, as a sum over that code's steps would."""
+    totals = [np.zeros((n_codes, len(_SUMS))) for _, n_codes in groupings]
+    for a in range(0, len(lo), _BLOCK):
+        cut = slice(a, a + _BLOCK)
+        terms = _terms(lo[cut], mid[cut], hi[cut], truth[cut], emu[cut], greedy[cut])
+        finite = bool(np.isfinite(terms).all())
+        for total, (codes, n_codes) in zip(totals, groupings):
+            codes = np.asarray(codes[cut])
+            if finite:
+                total += (np.arange(n_codes)[:, None] == codes[None, :]).astype(np.float64) @ terms
+            else:
+                for code in range(n_codes):
+                    total[code] += terms[codes == code].sum(axis=0)
+    return totals
 
 
-def _emu_sums(lo_e, mid_e, hi_e, e) -> dict:
-    """The sums over steps with the emulator's expectation."""
-    return {"emu_n": int(e.size), "emu_lo": lo_e.sum(), "emu_mid": mid_e.sum(), "emu_hi": hi_e.sum(), "emu": e.sum(),
-            "emu_bias": (mid_e - e).sum(), "emu_mae": np.abs(mid_e - e).sum(),
-            "emu_coverage": int(((lo_e <= e + 1e-6) & (e <= hi_e + 1e-6)).sum())}
+def _terms(lo, mid, hi, truth, emu, greedy) -> np.ndarray:
+    """``[n, len(_SUMS)]``: what each step adds to each sum of :func:`stat_sums` (0 to the sums over steps with
+    a truth where it has none, likewise the expectation's).  ``greedy`` marks the steps whose truth is the
+    target step by step: MAE and coverage against the truth are over those."""
+    out = np.zeros((len(lo), len(_SUMS)), order="F")
+    has_t, has_e = ~np.isnan(truth), ~np.isnan(emu)
+    for has, value, start, tolerance in ((has_t, truth, 0, 1e-9), (has_e, emu, 9, 1e-6)):
+        if not has.any():
+            continue   # a real server's steps have no expectation: its sums stay 0
+        every = bool(has.all())
+
+        def kept(v):
+            return v if every else np.where(has, v, 0.0)
+
+        x = kept(value.astype(np.float64))
+        counted = has & greedy if start == 0 else has   # MAE and coverage against the truth: greedy steps
+        err = kept(mid - x)
+        covered = counted & (lo <= x + tolerance) & (x <= hi + tolerance)
+        # truth: n, coverage_n, coverage, lo, mid, hi, truth, bias, mae; expectation: the same but coverage_n
+        columns = ((has, counted, covered) if start == 0 else (has, covered)) + \
+            (kept(lo), kept(mid), kept(hi), x, err, np.where(counted, np.abs(err), 0.0))
+        for j, column in enumerate(columns, start):
+            out[:, j] = column
+    return out
