@@ -19,7 +19,9 @@ import; a process that has already opened a DuckDB database through the package
 instead — a forked child would inherit the database's threads mid-flight.  (Until
 2026-12-06 the test was whether DuckDB was *imported*, which every command does
 first: the commands' workers were always spawned, each importing the package again,
-and the first task waited ~0.6 s for it.)  A run that fits in one chunk gains nothing from processes
+and the first task waited ~0.6 s for it.)  Once up, each worker runs the command's ``warm`` calls
+(the estimator's compiled code, ~0.5 s to load in a process) while the command plans; their replies are
+dropped.  A run that fits in one chunk gains nothing from processes
 and runs in this one (``min_chunks``), where it gets the one-pass figures.
 """
 

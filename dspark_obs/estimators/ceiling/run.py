@@ -61,9 +61,9 @@ def estimate_run(con_or_store, run_id: str, *, companion: str | None = None, met
     whole requests (about ``chunk_rows`` steps, default 150k) at a time, and the
     per-step results go to the store chunk by chunk.  Every per-step value is
     what one pass over the whole run gives, and so are the summary and its
-    bootstrap (accumulated from per-request totals) and the validation (its
-    ``all_steps`` row is summed chunk by chunk, so its means may differ from one
-    pass in the last digits).  One exception, for runs of more than ``fit_rows``
+    bootstrap (accumulated from per-request totals) and the validation (its rows
+    but the equal-count bins are summed chunk by chunk, so their means may differ
+    from one pass in the last digits).  One exception, for runs of more than ``fit_rows``
     steps (default 200k): the acceptance model behind ``mid`` (the temperature
     drafts, and the unverifiable tail of a step whose output ran out) and the
     stand-in ``a_k`` of ``method="sglang"`` where a confidence is missing is
