@@ -43,7 +43,7 @@ import pyarrow as pa
 
 from dspark_obs import sql
 
-__all__ = ["ProcessEngine", "WorkerPool", "PickledOnce", "default_jobs", "one_core"]
+__all__ = ["ProcessEngine", "WorkerPool", "PickledOnce", "unwrapped", "default_jobs", "one_core"]
 
 
 def default_jobs() -> int:
@@ -87,6 +87,12 @@ class PickledOnce:
         if self._pickled is None:
             self._pickled = pickle.dumps(self.value, protocol=pickle.HIGHEST_PROTOCOL)
         return pickle.loads, (self._pickled,)
+
+
+def unwrapped(value):
+    """``value``, or what it holds if it is a :class:`PickledOnce` that reached its task unpickled (an engine
+    that runs the calls in its own process)."""
+    return value.value if isinstance(value, PickledOnce) else value
 
 
 def _serve(conn) -> None:

@@ -12,6 +12,7 @@ position in the run so the merge restores run order.  :func:`merge_partials` add
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,6 +48,7 @@ class RunTotals:
     offset: int = 0                   # request codes handed out so far
     totals: list = field(default_factory=list)
     partial: "RunPartial" = None
+    tag: str = field(default_factory=lambda: secrets.token_hex(6))
 
     def __post_init__(self) -> None:
         self.partial = self.partial or RunPartial()
@@ -73,6 +75,7 @@ class RunTotals:
         p.groups = ceiling_stats.add_label_group_sums(p.groups, part.group_sums)
         kept = dict(part.censored_known)
         kept["order"] = where[al.code][part.censored_rows]
+        kept["piece"] = (self.tag, len(p.known))   # a name unique in the run, wherever the chunk was estimated
         p.known.append(kept)
 
     def finish(self, *, n_bootstrap: int, seed: int) -> "RunPartial":
@@ -95,6 +98,7 @@ class RunPartial:
     summary: dict = field(default_factory=dict)      # workload -> GroupSums
     groups: dict = field(default_factory=dict)       # (group_kind, group) -> validation sums, all groups but bins
     known: list = field(default_factory=list)        # per chunk: censored steps with a truth
+    bins: np.ndarray | None = None   # the bins' sums, from the processes that hold the steps (known: mid, order)
     misaligned: list = field(default_factory=list)   # (position in the run, rid)
     sampling: dict = field(default_factory=dict)     # (sampling, source) -> requests
 
@@ -107,16 +111,37 @@ class RunPartial:
     def validation_rows(self) -> list[dict]:
         if not self.known or self.all_sums is None:
             return []
-        # by request, then as read: each chunk's piece is, and chunks are disjoint rid ranges, so the pieces put
-        # in order of their first step are the run's order (workers' pieces come dealt: one chunk in two)
-        known = sorted(self.known, key=lambda p: p["order"][0] if len(p["order"]) else -1)
-        at = np.concatenate([p["order"] for p in known])
-        order = None if (at[1:] >= at[:-1]).all() else np.argsort(at, kind="stable")
-        kn = {k: np.concatenate([p[k] for p in known]) for k in known[0] if k != "order"}
+        if self.bins is not None:
+            return ceiling_stats.validation_rows(self.all_sums, self.groups, self.bins)
+        known, order = self._in_run_order()
+        kn = {k: np.concatenate([p[k] for p in known]) for k in known[0] if k not in ("order", "piece")}
         if order is not None:
             kn = {k: v[order] for k, v in kn.items()}
-        return ceiling_stats.validation_rows(self.all_sums, self.groups, kn["lo"], kn["mid"], kn["hi"], kn["truth"],
-                                             kn["emu"], kn["greedy"])
+        codes = ceiling_stats.equal_count_bins(kn["mid"])
+        bins = ceiling_stats.bin_sums(kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"], kn["greedy"], codes,
+                                      int(codes.max()) + 1 if codes.size else 0)
+        return ceiling_stats.validation_rows(self.all_sums, self.groups, bins)
+
+    def bin_codes(self) -> tuple[dict, int]:
+        """``({piece: its steps' bins}, bins)``: the equal-count bins of every censored step's ``mid`` in run
+        order, for pieces whose steps stay where they were estimated (their ``piece`` names them there)."""
+        known, order = self._in_run_order()
+        mid = np.concatenate([p["mid"] for p in known])
+        codes = ceiling_stats.equal_count_bins(mid if order is None else mid[order]).astype(np.int8)
+        if order is not None:
+            codes[order] = codes.copy()
+        bounds = np.cumsum([0] + [len(p["mid"]) for p in known])
+        return ({p["piece"]: codes[a:b] for p, a, b in zip(known, bounds[:-1], bounds[1:]) if b > a},
+                int(codes.max()) + 1 if codes.size else 0)
+
+    def _in_run_order(self) -> tuple[list, np.ndarray | None]:
+        """The pieces in order of their first step, and the order of their concatenated steps by request
+        position (None: already in it).  By request, then as read: each chunk's piece is, and chunks are
+        disjoint rid ranges, so the pieces put in order of their first step are the run's order (workers'
+        pieces come dealt: one chunk in two)."""
+        known = sorted(self.known, key=lambda p: p["order"][0] if len(p["order"]) else -1)
+        at = np.concatenate([p["order"] for p in known])
+        return known, None if (at[1:] >= at[:-1]).all() else np.argsort(at, kind="stable")
 
 
 def merge_partials(parts: list[RunPartial]) -> RunPartial:

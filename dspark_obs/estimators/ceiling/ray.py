@@ -8,8 +8,10 @@ passes over the sample run in parallel and give the local path's numbers.  Then 
 :func:`~dspark_obs.estimators.ceiling.io.estimate_chunks` — the local path's per-chunk function —
 over its shard, writes its ``ceiling`` rows as staged part files (invisible to readers) and returns
 a :class:`~dspark_obs.estimators.ceiling.partial.RunPartial`.  The driver merges the partials (the
-summary's bootstrap included: weights are drawn per request) and, only when every task succeeded,
-replaces the run's results and commits the staged files.  An engine without a pool gets a plan
+summary's bootstrap included: weights are drawn per request); the censored steps that the validation's
+equal-count bins need stay on the actors, which send only their ``mid`` and run order: the driver ranks
+them, sends each piece's bins back and adds the actors' sums (``_bin_sums``).  Only when every task
+succeeded does it replace the run's results and commit the staged files.  An engine without a pool gets a plan
 fitted on the driver and only runs the chunks.
 """
 
@@ -22,8 +24,9 @@ import threading
 import pyarrow as pa
 
 from dspark_obs import sql as sqlmod
-from dspark_obs.process_engine import PickledOnce, one_core
+from dspark_obs.process_engine import PickledOnce, one_core, unwrapped
 from dspark_obs.estimators.ceiling import io as ceiling_io
+from dspark_obs.estimators.ceiling import stats as ceiling_stats
 from dspark_obs.estimators.ceiling.drafter import import_optimiser
 from dspark_obs.estimators.ceiling.fit_parts import map_parts
 from dspark_obs.estimators.ceiling.partial import merge_partials
@@ -33,14 +36,32 @@ __all__ = ["run", "estimate_shard", "fit_on_pool"]
 
 
 def estimate_shard(root: str, plan: "ceiling_io.RunPlan", chunks: list, *, n_bootstrap: int, seed: int,
-                   batch: str | None):
+                   batch: str | None, keep: str | None = None):
     """One task: estimate ``chunks`` of the run read from ``root``; stage the rows under ``batch``
-    (None: return them)."""
+    (None: return them).  With ``keep``, the censored steps the validation's bins need stay in this
+    process (:func:`_bin_sums` adds them up once the driver has ranked them) and the partial carries only
+    their ``mid`` and run order."""
     con, store = _worker_connection(root)
     tables = []
     sink = tables.append if batch is None else (lambda t: store.stage("ceiling", plan.run_id, t, batch))
     partial = ceiling_io.estimate_chunks(con, plan, chunks, store.root, n_bootstrap=n_bootstrap, seed=seed, sink=sink)
+    if keep is not None:
+        kept = _KEPT.setdefault(keep, {})
+        for piece in partial.known:
+            kept[piece["piece"]] = piece
+        partial.known = [{"mid": p["mid"], "order": p["order"], "piece": p["piece"]} for p in partial.known]
     return partial, tables
+
+
+_KEPT: dict = {}   # keep -> {piece: censored steps of a chunk}, until the bins' sums are asked for
+
+
+def _bin_sums(state, keep: str, codes: dict, n_bins: int) -> list:
+    """This process's share of the validation's bins: the sums of the steps it kept, binned as the driver
+    ranked the whole run's (``codes``: each piece's bins)."""
+    pieces, codes = _KEPT.pop(keep, {}), unwrapped(codes)
+    return [ceiling_stats.bin_sums(p["lo"], p["mid"], p["hi"], p["truth"], p["emu"], p["greedy"], codes[name], n_bins)
+            for name, p in pieces.items() if name in codes]
 
 
 class _PoolParts:
@@ -86,9 +107,14 @@ def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstr
         if plan.model is None:
             plan.model = fit_on_pool(pool, root, plan)
         shared = PickledOnce(plan)   # with its fit
-        results = (pool or engine).map(_task, [(root, shared, group, n_bootstrap, seed, batch) for root, group in calls],
-                                       done=finished)
+        keep = secrets.token_hex(6) if pool is not None else None   # the bins' steps stay on the pool
+        results = (pool or engine).map(_task, [(root, shared, group, n_bootstrap, seed, batch, keep)
+                                               for root, group in calls], done=finished)
         partial = merge_partials([p for p, _ in results])
+        if keep is not None and partial.known:
+            codes, n_bins = partial.bin_codes()
+            shares = [b for per_worker in pool.apply(_bin_sums, keep, PickledOnce(codes), n_bins) for b in per_worker]
+            partial.bins = sum(shares[1:], shares[0]) if shares else ceiling_stats.bin_sums(*[[]] * 7, n_codes=0)
         summary, validation, companion = ceiling_io.finish_estimate(plan, partial, n_bootstrap=n_bootstrap)
         if write:
             ceiling_io.replace_results(store, plan.run_id, batch, summary, validation)
@@ -110,7 +136,7 @@ def _one_core() -> None:
 
 def _load_parts(root: str, plan: "ceiling_io.RunPlan", chunks: list) -> list:
     con, store = _worker_connection(root)
-    return ceiling_io.load_fit_parts(con, plan, chunks, store.root)
+    return ceiling_io.load_fit_parts(con, unwrapped(plan), chunks, store.root)
 
 
 def _worker_connection(root: str):
@@ -128,5 +154,5 @@ def _forget() -> None:
     return None
 
 
-def _task(root, plan, chunks, n_bootstrap, seed, batch):
-    return estimate_shard(root, plan, chunks, n_bootstrap=n_bootstrap, seed=seed, batch=batch)
+def _task(root, plan, chunks, n_bootstrap, seed, batch, keep):
+    return estimate_shard(root, unwrapped(plan), chunks, n_bootstrap=n_bootstrap, seed=seed, batch=batch, keep=keep)

@@ -20,7 +20,7 @@ from dspark_obs.estimators import stats as bootstrap
 
 __all__ = ["summarize", "summarize_totals", "summary_sums", "merge_summary_sums", "summary_rows", "GroupSums",
            "request_totals", "concat_totals", "RequestTotals", "validate",
-           "validate_parts", "label_group_sums", "add_label_group_sums", "validation_rows", "stat_sums",
+           "validate_parts", "label_group_sums", "add_label_group_sums", "validation_rows", "bin_sums", "stat_sums",
            "add_stat_sums", "equal_count_bins", "N_BINS"]
 
 N_BINS = 8
@@ -372,8 +372,10 @@ def validate_parts(all_steps: dict, lo, mid, hi, truth, emu, *, category, worklo
     those are given (no string per step).
     """
     groups = label_group_sums(lo, mid, hi, truth, emu, category=category, workload=workload, greedy=greedy,
-                        category_names=category_names, workload_names=workload_names)
-    return validation_rows(all_steps, groups, lo, mid, hi, truth, emu, greedy, n_bins=n_bins)
+                              category_names=category_names, workload_names=workload_names)
+    codes = equal_count_bins(np.asarray(mid, dtype=np.float64), n_bins)
+    bins = bin_sums(lo, mid, hi, truth, emu, greedy, codes, int(codes.max()) + 1 if codes.size else 0)
+    return validation_rows(all_steps, groups, bins)
 
 
 def label_group_sums(lo, mid, hi, truth, emu, *, category, workload, greedy, category_names=None,
@@ -387,7 +389,7 @@ def label_group_sums(lo, mid, hi, truth, emu, *, category, workload, greedy, cat
     kinds = {"sampling": sampling, "category": _coded(category, category_names),
              "workload": _coded(workload, workload_names)}
     groupings = [(np.zeros(greedy.size, np.int8), 1)] + [(codes, names.size) for names, codes in kinds.values()]
-    overall, *totals = _sums_by_codes(*_known_columns(lo, mid, hi, truth, emu), greedy, groupings)
+    overall, *totals = _sums_by_codes(lo, mid, hi, truth, emu, greedy, groupings)
     out = {("overall", ALL): _as_sums(overall[0])}
     for (kind, (names, codes)), total in zip(kinds.items(), totals):
         for code in np.flatnonzero(np.bincount(codes, minlength=names.size)).tolist():   # the codes present
@@ -400,10 +402,10 @@ def add_label_group_sums(a: dict, b: dict) -> dict:
     return {key: add_stat_sums(a.get(key), b[key]) for key in b} | {key: a[key] for key in a if key not in b}
 
 
-def validation_rows(all_steps: dict, groups: dict, lo, mid, hi, truth, emu, greedy, *,
-                    n_bins: int = N_BINS) -> list[dict]:
-    """The rows of :func:`validate`: ``all_steps`` and ``groups`` (:func:`label_group_sums`) as they are, the bins
-    from the censored steps with a truth or an expectation, in run order."""
+def validation_rows(all_steps: dict, groups: dict, bins: np.ndarray) -> list[dict]:
+    """The rows of :func:`validate`: ``all_steps`` and ``groups`` (:func:`label_group_sums`) as they are, then
+    the equal-count bins of ``mid`` from their sums (:func:`bin_sums`, added over the sets of steps that hold
+    them)."""
     if not (all_steps["n"] or all_steps["emu_n"]):
         return []
     rows = [{"group_kind": "all_steps", "group": ALL, **_from_sums(all_steps)},
@@ -411,22 +413,18 @@ def validation_rows(all_steps: dict, groups: dict, lo, mid, hi, truth, emu, gree
     for kind in ("sampling", "category", "workload"):
         for name in sorted(group for k, group in groups if k == kind):
             rows.append({"group_kind": kind, "group": name, **_from_sums(groups[(kind, name)])})
-    lo, mid, hi, truth, emu = _known_columns(lo, mid, hi, truth, emu)
-    if lo.size:
-        bins = equal_count_bins(mid, n_bins)
-        n_codes = int(bins.max()) + 1
-        (total,) = _sums_by_codes(lo, mid, hi, truth, emu, np.asarray(greedy, dtype=bool), [(bins, n_codes)])
-        for b in np.flatnonzero(np.bincount(bins, minlength=n_codes)).tolist():
-            rows.append({"group_kind": "bin", "group": str(b), "bin": b, **_from_sums(_as_sums(total[b]))})
+    for b, row in enumerate(bins):   # equal-count bins: none is empty
+        rows.append({"group_kind": "bin", "group": str(b), "bin": b, **_from_sums(_as_sums(row))})
     return rows
 
 
-def _known_columns(lo, mid, hi, truth, emu) -> tuple:
-    """The bounds as float64; truths stay as kept (float32 counts): widened where they are gathered, as
-    :func:`stat_sums` sums them."""
-    lo, mid, hi = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi))
-    truth, emu = (np.asarray(x, dtype=None if np.asarray(x).dtype.kind == "f" else np.float64) for x in (truth, emu))
-    return lo, mid, hi, truth, emu
+def bin_sums(lo, mid, hi, truth, emu, greedy, codes, n_codes: int) -> np.ndarray:
+    """``[n_codes, ...]``: the :func:`stat_sums` of each bin's steps, ``codes`` the steps' bins
+    (:func:`equal_count_bins` of the whole run's ``mid``), as :func:`validation_rows` takes them; sums of
+    disjoint sets of steps add."""
+    (total,) = _sums_by_codes(lo, mid, hi, truth, emu, np.asarray(greedy, dtype=bool),
+                              [(np.asarray(codes), n_codes)])
+    return total
 
 
 def _coded(labels, names) -> tuple[np.ndarray, np.ndarray]:
@@ -454,6 +452,8 @@ def _sums_by_codes(lo, mid, hi, truth, emu, greedy, groupings: list) -> list[np.
     summed per code by one product with the codes' indicator matrix (a few passes instead of a gather and a
     dozen sums per code).  A block with a value that is not finite is summed code by code, so that it spoils
     only its own code's sums, as a sum over that code's steps would."""
+    lo, mid, hi = (np.asarray(x, dtype=np.float64) for x in (lo, mid, hi))
+    truth, emu = (np.asarray(x, dtype=None if np.asarray(x).dtype.kind == "f" else np.float64) for x in (truth, emu))
     totals = [np.zeros((n_codes, len(_SUMS))) for _, n_codes in groupings]
     for a in range(0, len(lo), _BLOCK):
         cut = slice(a, a + _BLOCK)
