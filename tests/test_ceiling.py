@@ -20,7 +20,8 @@ from dspark_obs.estimators.ceiling.evidence import (
 )
 from dspark_obs.estimators.ceiling.jsonl import logprobs_from_sglang_jsonl
 from dspark_obs.estimators.ceiling.prior import AcceptanceModel, fit_acceptance_model
-from dspark_obs.estimators.ceiling.stats import _from_sums, equal_count_bins, stat_sums, summarize, validate, validate_parts
+from dspark_obs.estimators.ceiling.stats import summarize
+from dspark_obs.estimators.ceiling.validation import _from_sums, equal_count_bins, stat_sums, validate, validate_parts
 from dspark_obs.estimators.ceiling.walk import CATEGORIES, sglang_interval, walk_blocks
 
 NAN = math.nan

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dspark_obs.estimators.ceiling import stats
+from dspark_obs.estimators.ceiling import validation
 from dspark_obs.estimators.ceiling.partial import RunPartial
 
 
@@ -27,7 +27,7 @@ def test_bins_summed_where_the_pieces_stayed_equal_the_bins_of_every_step_in_one
     if seed == 3:   # one piece's steps out of request order: the whole run is put in order first
         pieces[0]["order"] = pieces[0]["order"][::-1].copy()
     every = np.ones(1, bool)
-    all_steps = stats.stat_sums(np.ones(1), np.ones(1), np.ones(1), np.ones(1), np.ones(1), every, every)
+    all_steps = validation.stat_sums(np.ones(1), np.ones(1), np.ones(1), np.ones(1), np.ones(1), every, every)
     groups = {("overall", "*"): all_steps}
     whole = RunPartial(all_sums=all_steps, groups=groups, known=[dict(p) for p in pieces])
     want = whole.validation_rows()
@@ -36,7 +36,7 @@ def test_bins_summed_where_the_pieces_stayed_equal_the_bins_of_every_step_in_one
                        known=[{k: p[k] for k in ("mid", "order", "piece")} for p in pieces])
     codes, n_bins = split.bin_codes()
     assert n_bins == 8 and sorted(codes) == sorted(p["piece"] for p in pieces if len(p["mid"]))
-    shares = [stats.bin_sums(p["lo"], p["mid"], p["hi"], p["truth"], p["emu"], p["greedy"], codes[p["piece"]], n_bins)
+    shares = [validation.bin_sums(p["lo"], p["mid"], p["hi"], p["truth"], p["emu"], p["greedy"], codes[p["piece"]], n_bins)
               for p in pieces if p["piece"] in codes]
     split.bins = sum(shares[1:], shares[0])
     got = split.validation_rows()

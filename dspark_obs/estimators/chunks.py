@@ -11,7 +11,7 @@ What needs the whole run is handled apart: the acceptance model is fitted on a
 **sample** of blocks of consecutive whole requests chosen by a hash of their
 first rid (the same requests for the same run, on every machine and version;
 every request when the run holds at most ``fit_rows`` steps), and summaries are accumulated from per-chunk
-sufficient statistics (:mod:`~dspark_obs.estimators.ceiling.stats`).
+sufficient statistics (:mod:`~dspark_obs.estimators.ceiling.stats`, :mod:`~dspark_obs.estimators.ceiling.validation`).
 
 The predicates are SQL text with bound parameters (``$chunk_lo`` ...), to be
 applied to a rid column by the caller's query.

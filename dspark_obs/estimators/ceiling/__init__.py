@@ -8,7 +8,8 @@ The public face of the ceiling estimator; each concept has its module:
 * :mod:`.estimate` -- :func:`estimate_ceiling`, the pure computation;
 * :mod:`.inputs`, :mod:`.io` -- a run's arrays from the store, and :func:`estimate_run`, which
   plans its chunks, estimates them and writes the result tables (:mod:`.run`);
-* :mod:`.partial`, :mod:`.stats` -- the chunk sums the summary, bootstrap and validation add up;
+* :mod:`.partial` -- the chunk sums the summary (:mod:`.stats`, with its bootstrap) and the validation
+  against truth (:mod:`.validation`) add up;
 * :mod:`.fit` -- the fit saved for a later run (``estimate --fit-out``); :mod:`.jsonl` -- SGLang's JSONL;
 * :mod:`.ray` -- the chunks as Ray tasks.
 """

@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from dspark_obs import schema
 from dspark_obs.estimators import pairing
-from dspark_obs.estimators.ceiling import stats as ceiling_stats
+from dspark_obs.estimators.ceiling import validation as ceiling_validation
 from dspark_obs.estimators.ceiling.drafter import fit_drafter_parts
 from dspark_obs.estimators.ceiling.estimate import drafter_explains_better_parts, estimate_ceiling
 from dspark_obs.estimators.ceiling.fit import CeilingFit
@@ -327,10 +327,10 @@ def _estimate_chunk(con, run_id: str, x: ChunkInputs, chunk: Chunk, *, mode: str
             "emu": emu[base].astype(np.float32), "greedy": x.greedy[base]}
     # The validation's groups by label are summed here, where the chunk is estimated (on a worker with --jobs);
     # only the bins, which rank the whole run's steps, need the kept steps.
-    groups = ceiling_stats.label_group_sums(**kept, category=est.walk.category[base], category_names=CATEGORIES,
+    groups = ceiling_validation.label_group_sums(**kept, category=est.walk.category[base], category_names=CATEGORIES,
                                       workload=workload_code[base], workload_names=workload_names)
     return _ChunkResult(ceiling, workload, {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
-                        ceiling_stats.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), groups, kept,
+                        ceiling_validation.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), groups, kept,
                         base, source)
 
 

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.ceiling import stats as ceiling_stats
+from dspark_obs.estimators.ceiling import validation as ceiling_validation
 
 __all__ = ["RunTotals", "RunPartial", "merge_partials", "rid_positions", "workload_codes"]
 
@@ -71,8 +72,8 @@ class RunTotals:
         p.rows += x.steps.num_rows
         self.totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
                                                         window=x.window, key=keys[al.code], **part.summary_columns))
-        p.all_sums = ceiling_stats.add_stat_sums(p.all_sums, part.known_sums)
-        p.groups = ceiling_stats.add_label_group_sums(p.groups, part.group_sums)
+        p.all_sums = ceiling_validation.add_stat_sums(p.all_sums, part.known_sums)
+        p.groups = ceiling_validation.add_label_group_sums(p.groups, part.group_sums)
         kept = dict(part.censored_known)
         kept["order"] = where[al.code][part.censored_rows]
         kept["piece"] = (self.tag, len(p.known))   # a name unique in the run, wherever the chunk was estimated
@@ -112,22 +113,20 @@ class RunPartial:
         if not self.known or self.all_sums is None:
             return []
         if self.bins is not None:
-            return ceiling_stats.validation_rows(self.all_sums, self.groups, self.bins)
+            return ceiling_validation.validation_rows(self.all_sums, self.groups, self.bins)
         known, order = self._in_run_order()
         kn = {k: np.concatenate([p[k] for p in known]) for k in known[0] if k not in ("order", "piece")}
         if order is not None:
             kn = {k: v[order] for k, v in kn.items()}
-        codes = ceiling_stats.equal_count_bins(kn["mid"])
-        bins = ceiling_stats.bin_sums(kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"], kn["greedy"], codes,
-                                      int(codes.max()) + 1 if codes.size else 0)
-        return ceiling_stats.validation_rows(self.all_sums, self.groups, bins)
+        bins = ceiling_validation.ranked_bin_sums(kn["lo"], kn["mid"], kn["hi"], kn["truth"], kn["emu"], kn["greedy"])
+        return ceiling_validation.validation_rows(self.all_sums, self.groups, bins)
 
     def bin_codes(self) -> tuple[dict, int]:
         """``({piece: its steps' bins}, bins)``: the equal-count bins of every censored step's ``mid`` in run
         order, for pieces whose steps stay where they were estimated (their ``piece`` names them there)."""
         known, order = self._in_run_order()
         mid = np.concatenate([p["mid"] for p in known])
-        codes = ceiling_stats.equal_count_bins(mid if order is None else mid[order]).astype(np.int8)
+        codes = ceiling_validation.equal_count_bins(mid if order is None else mid[order]).astype(np.int8)
         if order is not None:
             codes[order] = codes.copy()
         bounds = np.cumsum([0] + [len(p["mid"]) for p in known])
@@ -153,8 +152,8 @@ def merge_partials(parts: list[RunPartial]) -> RunPartial:
         out.checked += p.checked
         out.source = out.source or p.source
         if p.all_sums is not None:
-            out.all_sums = ceiling_stats.add_stat_sums(out.all_sums, p.all_sums)
-        out.groups = ceiling_stats.add_label_group_sums(out.groups, p.groups)
+            out.all_sums = ceiling_validation.add_stat_sums(out.all_sums, p.all_sums)
+        out.groups = ceiling_validation.add_label_group_sums(out.groups, p.groups)
         out.known += p.known
         out.misaligned += p.misaligned
         for key, n in p.sampling.items():

@@ -26,7 +26,7 @@ import pyarrow as pa
 from dspark_obs import sql as sqlmod
 from dspark_obs.process_engine import PickledOnce, one_core, unwrapped
 from dspark_obs.estimators.ceiling import io as ceiling_io
-from dspark_obs.estimators.ceiling import stats as ceiling_stats
+from dspark_obs.estimators.ceiling import validation as ceiling_validation
 from dspark_obs.estimators.ceiling.drafter import import_optimiser
 from dspark_obs.estimators.ceiling.fit_parts import map_parts
 from dspark_obs.estimators.ceiling.partial import merge_partials
@@ -46,9 +46,8 @@ def estimate_shard(root: str, plan: "ceiling_io.RunPlan", chunks: list, *, n_boo
     sink = tables.append if batch is None else (lambda t: store.stage("ceiling", plan.run_id, t, batch))
     partial = ceiling_io.estimate_chunks(con, plan, chunks, store.root, n_bootstrap=n_bootstrap, seed=seed, sink=sink)
     if keep is not None:
-        kept = _KEPT.setdefault(keep, {})
-        for piece in partial.known:
-            kept[piece["piece"]] = piece
+        if partial.known:   # a worker without censored steps keeps nothing: its share of the bins is none
+            _KEPT.setdefault(keep, {}).update((piece["piece"], piece) for piece in partial.known)
         partial.known = [{"mid": p["mid"], "order": p["order"], "piece": p["piece"]} for p in partial.known]
     return partial, tables
 
@@ -60,7 +59,7 @@ def _bin_sums(state, keep: str, codes: dict, n_bins: int) -> list:
     """This process's share of the validation's bins: the sums of the steps it kept, binned as the driver
     ranked the whole run's (``codes``: each piece's bins)."""
     pieces, codes = _KEPT.pop(keep, {}), unwrapped(codes)
-    return [ceiling_stats.bin_sums(p["lo"], p["mid"], p["hi"], p["truth"], p["emu"], p["greedy"], codes[name], n_bins)
+    return [ceiling_validation.bin_sums(p["lo"], p["mid"], p["hi"], p["truth"], p["emu"], p["greedy"], codes[name], n_bins)
             for name, p in pieces.items() if name in codes]
 
 
@@ -114,7 +113,7 @@ def run(engine, plan: "ceiling_io.RunPlan", store, *, chunk_rows: int, n_bootstr
         if keep is not None and partial.known:
             codes, n_bins = partial.bin_codes()
             shares = [b for per_worker in pool.apply(_bin_sums, keep, PickledOnce(codes), n_bins) for b in per_worker]
-            partial.bins = sum(shares[1:], shares[0]) if shares else ceiling_stats.bin_sums(*[[]] * 7, n_codes=0)
+            partial.bins = sum(shares[1:], shares[0]) if shares else ceiling_validation.no_bin_sums()
         summary, validation, companion = ceiling_io.finish_estimate(plan, partial, n_bootstrap=n_bootstrap)
         if write:
             ceiling_io.replace_results(store, plan.run_id, batch, summary, validation)
