@@ -21,6 +21,13 @@ Arrow's own allocations go to its jemalloc pool instead of the wheels' default, 
 ``step_reqs`` table into step order for the schedule replay cost 14.1 CPU s with mimalloc, 12.8 of
 them system time faulting fresh pages in, and 3.3–3.6 s with jemalloc (4.1 s with the system allocator).
 
+The pool is named in ``ARROW_DEFAULT_MEMORY_POOL`` before pyarrow is imported, so Arrow never starts the
+mimalloc pool at all (it did at import, then kept what it had reserved: 17 MB more at the peak of an
+``ingest``).  A command that holds one document at a time (:data:`ONE_DOCUMENT_COMMANDS`: ``ingest``
+decodes an 18 MB ``/server_info`` body, builds its tables, writes them, frees them, reads the next) takes
+the system allocator instead: jemalloc kept the pages a body's tables freed for its own reuse beside
+glibc's heap, and the two sets added up (ten bodies: peak 180 against 171 MB, the same CPU time).
+
 A value the user set in the environment is left as it is. ``bench/RESULTS.md`` has the before/after
 figures.
 """
@@ -31,15 +38,18 @@ import ctypes
 import os
 import sys
 
-__all__ = ["tune_for_chunked_arrays", "MMAP_THRESHOLD", "TRIM_THRESHOLD"]
+__all__ = ["tune_for_chunked_arrays", "MMAP_THRESHOLD", "TRIM_THRESHOLD", "ONE_DOCUMENT_COMMANDS"]
 
 MMAP_THRESHOLD = 32 * 1024 * 1024    # glibc's largest: arrays of a chunk (150k x gamma float64 = 7 MB) fit below
 TRIM_THRESHOLD = 256 * 1024 * 1024   # free heap kept for the next chunk before it is given back
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3   # glibc's malloc.h
+ONE_DOCUMENT_COMMANDS = frozenset({"ingest"})
+"""Commands whose Arrow allocations go to the system allocator (see the module docstring)."""
 
 
-def tune_for_chunked_arrays(environ=os.environ) -> dict[str, bool]:
+def tune_for_chunked_arrays(environ=os.environ, *, command: str | None = None) -> dict[str, bool]:
     """Apply the settings above to this process and its future children; say which took effect here.
+    ``command``: the command about to run (its Arrow pool, :data:`ONE_DOCUMENT_COMMANDS`).
 
     ``numpy_hugepage_off`` is False when numpy was imported before (its setting is then fixed for
     this process; children still get it); ``malloc`` is False off glibc or where the user set the
@@ -53,21 +63,23 @@ def tune_for_chunked_arrays(environ=os.environ) -> dict[str, bool]:
         environ["MALLOC_MMAP_THRESHOLD_"] = str(MMAP_THRESHOLD)
         environ["MALLOC_TRIM_THRESHOLD_"] = str(TRIM_THRESHOLD)
         applied = _mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) and _mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD)
-    return {"numpy_hugepage_off": numpy_off, "malloc": applied, "arrow_pool": _arrow_pool(environ)}
+    pool = "system" if command in ONE_DOCUMENT_COMMANDS else "jemalloc"
+    return {"numpy_hugepage_off": numpy_off, "malloc": applied, "arrow_pool": _arrow_pool(environ, pool)}
 
 
-def _arrow_pool(environ) -> bool:
-    """Arrow's allocations on its jemalloc pool (the system allocator in a build without one), unless the
-    user chose a pool; whether this process's pool was set."""
+def _arrow_pool(environ, name: str) -> bool:
+    """Arrow's allocations on the ``name`` pool (``jemalloc``: the system allocator in a build without one),
+    unless the user chose a pool; whether this process's pool was set."""
     if "ARROW_DEFAULT_MEMORY_POOL" in environ:
         return False
+    environ["ARROW_DEFAULT_MEMORY_POOL"] = name   # read when Arrow first allocates: its default pool never starts
     import pyarrow as pa   # here, not at the top: pyarrow imports numpy, which must see NUMPY_MADVISE_HUGEPAGE first
 
     try:
-        pool, name = pa.jemalloc_memory_pool(), "jemalloc"
+        pool = pa.jemalloc_memory_pool() if name == "jemalloc" else pa.system_memory_pool()
     except NotImplementedError:   # a pyarrow built without jemalloc
-        pool, name = pa.system_memory_pool(), "system"
-    environ["ARROW_DEFAULT_MEMORY_POOL"] = name
+        pool = pa.system_memory_pool()
+        environ["ARROW_DEFAULT_MEMORY_POOL"] = "system"
     pa.set_memory_pool(pool)
     return True
 

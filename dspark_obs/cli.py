@@ -32,10 +32,10 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="Print the version and exit.")) -> None:
+def main(ctx: typer.Context, version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                                           help="Print the version and exit.")) -> None:
     """dspark-obs."""
-    tune_for_chunked_arrays()  # before any command imports numpy: see dspark_obs.allocation
+    tune_for_chunked_arrays(command=ctx.invoked_subcommand)  # before any command imports numpy: see dspark_obs.allocation
 
 
 def _register_commands() -> None:

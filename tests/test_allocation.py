@@ -60,16 +60,19 @@ def test_a_users_setting_wins():
     assert applied == {"numpy_hugepage_off": False, "malloc": False, "arrow_pool": False}
 
 
-def test_a_command_allocates_arrow_memory_from_jemalloc():
+@pytest.mark.parametrize("command, pool", [("estimate", "jemalloc"), ("calibrate", "jemalloc"), ("ingest", "system")])
+def test_a_command_allocates_arrow_memory_from_its_pool(command, pool):
     """The CLI's process takes Arrow's jemalloc pool (the wheels' default, mimalloc, faulted a 10M-row take in
-    at four times the CPU); a user's choice of pool is kept."""
-    code = "import dspark_obs.cli, pyarrow as pa; dspark_obs.cli.main(); print(pa.default_memory_pool().backend_name)"
+    at four times the CPU), ``ingest`` the system allocator; a user's choice of pool is kept."""
+    code = ("import typer, dspark_obs.cli as cli; ctx = typer.Context(typer.main.get_command(cli.app)); "
+            f"ctx.invoked_subcommand = {command!r}; cli.main(ctx); "
+            "import pyarrow as pa; print(pa.default_memory_pool().backend_name)")
     env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split()[-1] == "jemalloc"
-    env["ARROW_DEFAULT_MEMORY_POOL"] = "system"
+    assert out.stdout.split()[-1] == pool
+    env["ARROW_DEFAULT_MEMORY_POOL"] = "mimalloc"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
-    assert out.stdout.split()[-1] == "system"
+    assert out.stdout.split()[-1] == "mimalloc"
 
 
 def test_says_numpy_was_imported_too_early():

@@ -69,12 +69,15 @@ def test_records_read_before_skip_their_lists_and_the_rest_read_the_same(body):
     lambda q: q.update(survival=[1, 0.5, 1e-7, 3e38]),
     lambda q: q.update(draft_tokens=[2**31 - 1, -(2**31), 0]),
 ])
-def test_edge_lists_read_the_same_on_both_paths(body, edit):
+@pytest.mark.parametrize("block", [5, 8192])   # lists parsed 5 requests at a time: blocks with and without nulls
+def test_edge_lists_read_the_same_on_both_paths(body, edit, block, monkeypatch):
+    monkeypatch.setattr(decode, "_BLOCK_ROWS", block)
     doc = msgspec.json.decode(body.read_bytes())
     for rec in doc["internal_states"][0]["dspark_info_record"]["records"]:
         edit(rec["reqs"][0])
     data = msgspec.json.encode(doc)
-    fast, ref = decode.decode_server_info(data), decode._decode_reference(data)
+    fast, ref = decode._decode_fast(data), decode._decode_reference(data)
+    assert fast is not None   # the fast path reads them: whole null lists, empty lists, the extremes
     for (s1, q1), (s2, q2) in zip(_tables(fast, segment=0), _tables(ref, segment=0)):
         assert s1.equals(s2) and q1.equals(q2)
 
@@ -87,9 +90,11 @@ def test_edge_lists_read_the_same_on_both_paths(body, edit):
     lambda q: q.update(draft_tokens=[1.5]),         # not an int
     lambda q: q.update(confidence=[[0.5]]),         # nested
 ])
-def test_anything_unusual_takes_the_reference_path(body, bad):
+@pytest.mark.parametrize("block", [5, 8192])   # the unusual list in the last of many blocks, or in the only one
+def test_anything_unusual_takes_the_reference_path(body, bad, block, monkeypatch):
+    monkeypatch.setattr(decode, "_BLOCK_ROWS", block)
     doc = msgspec.json.decode(body.read_bytes())
-    bad(doc["internal_states"][0]["dspark_info_record"]["records"][0]["reqs"][0])
+    bad(doc["internal_states"][0]["dspark_info_record"]["records"][-1]["reqs"][-1])
     data = msgspec.json.encode(doc).replace(b"0.123456789", b"-0")
     assert decode._decode_fast(data) is None
     info = decode.decode_server_info(data)
