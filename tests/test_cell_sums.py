@@ -155,3 +155,28 @@ def test_resampled_counts_in_float32_equal_float64_and_each_cell_is_its_requests
         sums = RequestSums(y[ok], np.clip(p[ok], 0, 1), g, n_groups=names.size, binning=name,
                            edges=edges(w, k, name))
         np.testing.assert_allclose(fast[(w, k)].boot[name], weights @ sums.columns(), rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.one_of(st.floats(0.0, 1.0), st.sampled_from([0.0, 1.0, 0.5, 1e-8, 1 - 1e-8, 0.25])),
+                min_size=0, max_size=300),
+       st.integers(1, 4), st.integers(2, 40), st.integers(1, 6), st.sampled_from(["quantile", "uniform"]),
+       st.integers(0, 2**31))
+def test_cell_bins_sums_are_the_counts_of_their_bins_bit_for_bit(values, n_cells, n_bins, groups, strategy, seed):
+    """The compiled pass gives request_bins of the bins CellBins finds: counts and sums in the order of the
+    values (so the same float sums as np.bincount's), for keys and cells in any order."""
+    rng = np.random.default_rng(seed)
+    p = np.asarray(values, dtype=np.float64)
+    cell, key, y = rng.integers(0, n_cells, p.size), rng.integers(0, groups, p.size), rng.random(p.size)
+    edges = [metrics.bin_edges(np.clip(p[cell == c] if (cell == c).any() else np.array([0.3, 0.6]), 1e-8, 1 - 1e-8),
+                               n_bins, strategy) for c in range(n_cells)]
+    binner = CellBins(edges, strategy)
+    want = np.stack(metrics.request_bins(key, binner(p, cell), p, y, groups, n_bins))
+    got = binner.sums(p, cell, key, y, groups)
+    assert got.shape == want.shape and got.tobytes() == want.tobytes()
+
+
+def test_cell_bins_sums_refuse_a_key_outside_the_groups():
+    binner = CellBins([np.linspace(0, 1, 5)], "uniform")
+    with pytest.raises(ValueError, match="indices"):
+        binner.sums(np.array([0.5]), np.array([0]), np.array([3]), np.array([1.0]), 3)

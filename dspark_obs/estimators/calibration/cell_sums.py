@@ -5,6 +5,11 @@ A cell is a (workload, position) of one label kind; it holds what :mod:`~.chunks
 ``weights @ per-request sums``.  A chunk of whole requests adds to its cells in a few passes over all of
 its steps (a count per statistic, keyed by cell, or by request and bin), where a pass per cell, position
 and binning cost ~100 ns a value; what remains per cell is arithmetic on per-request arrays.
+
+The binning and its counts are one compiled pass (numba, :meth:`CellBins.sums`): numpy needed a table
+lookup, a search near the edges and a count per statistic, six passes over every value of the chunk for
+each binning, and the pass adds in the same order as ``np.bincount``, so the sums are the same to the
+last bit (``calibrate --labels all`` at 10M, ``--jobs 1``: 49.3 against 45.2 CPU s).
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import pandas as pd
 
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration import events, metrics
+from dspark_obs.estimators.compiled import jit
 
 __all__ = ["Cell", "CellBins", "add_events"]
 
@@ -70,6 +76,55 @@ class CellBins:
                 rows = near[near_cell == c]
                 ids[rows] = metrics.bin_ids(p[rows], self.edges[c], "quantile")
         return ids
+
+    def sums(self, p: np.ndarray, cell: np.ndarray, key: np.ndarray, y: np.ndarray, groups: int) -> np.ndarray:
+        """``[3, groups, bins]``: per ``key`` and bin of ``p`` (its ``cell``'s), the count and the sums of ``p``
+        and ``y`` (:func:`~.metrics.request_bins` of :meth:`__call__`'s bins), in one compiled pass that adds
+        in the order of the values, as ``np.bincount`` does: the same sums, bit for bit.  The pass replaced a
+        lookup, a search near the edges and three counts, each a pass over every value of the chunk."""
+        n_bins = self.edges[0].size - 1 if self.edges else 1
+        if not self.edges or len({e.size for e in self.edges}) != 1:   # no cell, or cells of different bins
+            return np.stack(metrics.request_bins(key, self(p, cell), p, y, groups, n_bins))
+        quantile = self.strategy == "quantile"
+        for values, bound in [(key, groups)] + ([(cell, len(self.edges))] if quantile else []):
+            if len(values) and not 0 <= int(np.min(values)) <= int(np.max(values)) < bound:   # the loop indexes
+                raise ValueError(f"indices must lie in [0, {bound}), got [{np.min(values)}, {np.max(values)}]")
+        interior = np.ascontiguousarray(np.stack(self.edges)[:, 1:-1]) if quantile else np.zeros((1, 0))
+        out = jit(_binned_sums)(np.ascontiguousarray(p, dtype=np.float64), np.ascontiguousarray(y, dtype=np.float64),
+                                np.ascontiguousarray(cell, dtype=np.int64), np.ascontiguousarray(key, dtype=np.int64),
+                                self.bin_of if quantile else np.zeros(1, np.int8),
+                                self.edge_in if quantile else np.zeros(1, bool), interior, n_bins, groups, quantile,
+                                self.BUCKETS)
+        return out.reshape(3, groups, n_bins)
+
+
+def _binned_sums(p, y, cell, key, bin_of, edge_in, interior, n_bins, groups, quantile, buckets):
+    """:meth:`CellBins.sums` (compiled): each value's bin as :meth:`CellBins.__call__` finds it, added to its
+    key's count and sums in order."""
+    out = np.zeros((3, groups * n_bins))
+    for i in range(p.size):
+        v = p[i]
+        if quantile:
+            c = cell[i]
+            at = c * buckets + min(np.int64(v * buckets), buckets - 1)
+            if edge_in[at]:   # searchsorted(interior edges, v, "left"): the edges below v
+                lo, hi = 0, interior.shape[1]
+                while lo < hi:
+                    mid = (lo + hi) >> 1
+                    if interior[c, mid] < v:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                b = lo
+            else:
+                b = np.int64(bin_of[at])
+        else:
+            b = min(max(np.int64(v * n_bins), 0), n_bins - 1)
+        j = key[i] * n_bins + b
+        out[0, j] += 1.0
+        out[1, j] += v
+        out[2, j] += y[i]
+    return out
 
 
 @dataclass
@@ -289,20 +344,20 @@ class _KindSums:
         bins, every_bins, unit_bins, every_unit_bins = {}, {}, {}, {}
         for name, (n_bins, strategy) in specs.items():
             edges = [cells[(w, j)].edges[name] for w in units.workloads for j in range(gamma)]
-            ids = CellBins(edges, strategy)(pc, cell)
+            binner = CellBins(edges, strategy)
             if with_units:   # a cell's bins are its requests' (added up in the order of the requests)
-                unit_bins[name] = _bin_sums(unit, ids, pc, y, gamma * n_u, n_bins).reshape(3, gamma, n_u, n_bins)
+                unit_bins[name] = binner.sums(pc, cell, unit, y, gamma * n_u).reshape(3, gamma, n_u, n_bins)
                 bins[name] = by_workload(unit_bins[name]).transpose(0, 2, 1, 3)
             else:
-                bins[name] = _bin_sums(cell, ids, pc, y, size, n_bins).reshape(3, n_w, gamma, n_bins)
+                bins[name] = binner.sums(pc, cell, cell, y, size).reshape(3, n_w, gamma, n_bins)
             if strategy == "uniform":
                 continue
-            every = CellBins([cells[("*", j)].edges[name] for j in range(gamma)], strategy)(pc, k)
+            every = CellBins([cells[("*", j)].edges[name] for j in range(gamma)], strategy)
             if with_units:
-                every_unit_bins[name] = _bin_sums(unit, every, pc, y, gamma * n_u, n_bins).reshape(3, gamma, n_u, n_bins)
+                every_unit_bins[name] = every.sums(pc, k, unit, y, gamma * n_u).reshape(3, gamma, n_u, n_bins)
                 every_bins[name] = every_unit_bins[name].sum(axis=2)
             else:
-                every_bins[name] = _bin_sums(k, every, pc, y, gamma, n_bins)
+                every_bins[name] = every.sums(pc, k, k, y, gamma)
         return cls(n, totals, unit_steps, bins, every_bins, unit_bins, every_unit_bins, units.bounds,
                    bool(np.all((y == 0.0) | (y == 1.0))))
 
@@ -353,11 +408,6 @@ class _KindSums:
                     (slice(nb, 2 * nb), slice(3 * nb + 1, 3 * nb + 2)))
         return (np.hstack([bins[0], steps[0][:, None]]), np.hstack([bins[1], bins[2], steps[1:].T]),
                 (slice(0, nb), slice(3 * nb, 3 * nb + 1)), (slice(nb, 3 * nb), slice(3 * nb + 1, 3 * nb + 3)))
-
-
-def _bin_sums(key: np.ndarray, ids: np.ndarray, p: np.ndarray, y: np.ndarray, groups: int, n_bins: int) -> np.ndarray:
-    """``[3, groups, n_bins]``: :func:`~.metrics.request_bins` (count, sums of ``p`` and ``y``) stacked."""
-    return np.stack(metrics.request_bins(key, ids, p, y, groups, n_bins))
 
 
 EXACT_FLOAT32 = 2 ** 24
