@@ -143,14 +143,8 @@ def _decoded_line(buf: bytes, eof: bool, decode: Callable[[bytes], Any]) -> Opti
         if not eof:
             return None
         stop = len(buf)
-    end = stop
-    while end and buf[end - 1] in _WHITESPACE:
-        end -= 1
-    data = memoryview(buf)[:end]  # not a slice: that would copy the document
-    try:
-        return stop, data, decode(data)
-    except (ValueError, TypeError, OverflowError):  # msgspec's errors are ValueErrors; the scan decides
-        return None
+    whole = _decoded_view(memoryview(buf), 0, stop, decode)  # a view: a slice would copy the document
+    return None if whole is None else (stop, *whole)
 
 
 def _mapped(f) -> Optional[mmap.mmap]:

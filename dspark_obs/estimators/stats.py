@@ -34,9 +34,8 @@ BLOCK = 64
 """Resamples drawn and reduced at a time by callers that bound their memory."""
 
 UNITS_PER_TILE = 4096
-"""Units per tile of :func:`weight_tiles`: a ``[64, 4096]`` block of draws (2 MB) stays in cache through the
-dozen passes of the mix, where one ``[64, 193k]`` block (the requests of a 10M-step run) goes to memory on
-each (1000 resamples of 193k requests: 6.6 CPU s whole, 1.8 s in tiles)."""
+"""Units per tile of :func:`weight_tiles`: a ``[64, 4096]`` block of weights (2 MB) bounds what a caller
+holds at once, where one ``[64, 193k]`` block is the requests of a 10M-step run."""
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)   # SplitMix64's finaliser
@@ -68,12 +67,9 @@ def run_unit_keys(run_id: str, units) -> np.ndarray:
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser: a bijection of uint64 whose outputs look uniform."""
-    return _mix_into(np.array(x, dtype=np.uint64))
-
-
-def _mix_into(x: np.ndarray) -> np.ndarray:
-    """:func:`_mix` in place (:func:`_poisson_draws` repeats its steps)."""
+    """SplitMix64's finaliser: a bijection of uint64 whose outputs look uniform (:func:`_poisson_draws`
+    repeats its steps)."""
+    x = np.array(x, dtype=np.uint64)
     x ^= x >> _U30
     x *= _M1
     x ^= x >> _U27
@@ -105,7 +101,7 @@ def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int
 
 def _poisson_draws(keys, stream, thresholds, out):
     """:func:`poisson_weights` (compiled): ``out[r, u]`` = the thresholds at or below ``mix(keys[u] ^
-    stream[r]) >> 11``, with :func:`_mix_into`'s steps."""
+    stream[r]) >> 11``, with :func:`_mix`'s steps."""
     for r in range(stream.size):
         s = stream[r]
         for u in range(keys.size):
