@@ -101,7 +101,13 @@ def poisson_weights(keys: np.ndarray, n_resamples: int, seed: int, *, start: int
 
 def _poisson_draws(keys, stream, thresholds, out):
     """:func:`poisson_weights` (compiled): ``out[r, u]`` = the thresholds at or below ``mix(keys[u] ^
-    stream[r]) >> 11``, with :func:`_mix`'s steps."""
+    stream[r]) >> 11``, with :func:`_mix`'s steps.
+
+    The first four thresholds are counted without a branch and the rest searched only past them (2% of
+    draws): a search from the first mispredicted its exit at about every draw, 0, 1 and 2 being about as
+    likely (193M draws: 1.48 -> 0.45 CPU s).
+    """
+    head = min(4, thresholds.size)
     for r in range(stream.size):
         s = stream[r]
         for u in range(keys.size):
@@ -113,8 +119,11 @@ def _poisson_draws(keys, stream, thresholds, out):
             x ^= x >> _U31
             x >>= _U11
             w = 0
-            while w < thresholds.size and x >= thresholds[w]:
-                w += 1
+            for j in range(head):
+                w += x >= thresholds[j]
+            if w == head:
+                while w < thresholds.size and x >= thresholds[w]:
+                    w += 1
             out[r, u] = w
 
 
