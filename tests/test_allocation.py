@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from dspark_obs.allocation import MMAP_THRESHOLD, TRIM_THRESHOLD, tune_for_chunked_arrays
+from dspark_obs.allocation import MMAP_THRESHOLD, ONE_DOCUMENT_TRIM_THRESHOLD, TRIM_THRESHOLD, tune_for_chunked_arrays
 
 # A child that tunes (or not), then allocates and frees an 8 MB array ten times: the page faults it took.
 _CHILD = """
@@ -45,11 +45,44 @@ def test_freed_arrays_are_reused_without_faulting_in_again():
     assert tuned_faults < 10   # the freed array's heap memory, already faulted in, serves the next
 
 
-def test_sets_the_variables_children_read():
+@pytest.mark.parametrize("command, trim, pool", [(None, TRIM_THRESHOLD, "jemalloc"),
+                                                 ("estimate", TRIM_THRESHOLD, "jemalloc"),
+                                                 ("ingest", ONE_DOCUMENT_TRIM_THRESHOLD, "system")])
+def test_sets_the_variables_children_read(command, trim, pool):
     env: dict[str, str] = {}
-    tune_for_chunked_arrays(env)
+    tune_for_chunked_arrays(env, command=command)
     assert env == {"NUMPY_MADVISE_HUGEPAGE": "0", "MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD),
-                   "MALLOC_TRIM_THRESHOLD_": str(TRIM_THRESHOLD), "ARROW_DEFAULT_MEMORY_POOL": "jemalloc"}
+                   "MALLOC_TRIM_THRESHOLD_": str(trim), "ARROW_DEFAULT_MEMORY_POOL": pool}
+
+
+# A child that tunes for a command, then fills and frees 32 MB of heap in 512 kB blocks: its RSS (kB) after.
+_HEAP_CHILD = """
+import sys
+from dspark_obs.allocation import tune_for_chunked_arrays
+tune_for_chunked_arrays(command=sys.argv[1])
+def rss_kb():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 // 1024
+blocks = [bytearray(512 * 1024) for _ in range(64)]   # below the mmap threshold: heap, each faulted in
+full = rss_kb()
+del blocks
+print(full - rss_kb())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's trim threshold is Linux's")
+def test_a_one_document_command_gives_freed_heap_back():
+    """``ingest`` returns the heap a body freed (it would sit in the next body's peak); the chunked
+    commands keep it for their next chunk."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "NUMPY_MADVISE", "ARROW_DEFAULT"))}
+
+    def given_back_kb(command: str) -> int:
+        out = subprocess.run([sys.executable, "-c", _HEAP_CHILD, command], env=env, capture_output=True,
+                             text=True, check=True)
+        return int(out.stdout.split()[-1])
+
+    assert given_back_kb("ingest") >= 24 * 1024
+    assert given_back_kb("estimate") < 8 * 1024
 
 
 def test_a_users_setting_wins():
