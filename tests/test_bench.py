@@ -63,6 +63,23 @@ def test_records_read_before_skip_their_lists_and_the_rest_read_the_same(body):
         assert a.equals(b)
 
 
+def test_the_list_parse_releases_the_body_as_it_reads_it(body, monkeypatch):
+    """With ``release``, the fast path says after each block of requests how far into the body it has read:
+    offsets that grow, end within the body past its last list, and leave the rows as they were."""
+    monkeypatch.setattr(decode, "_BLOCK_ROWS", 5)
+    data = body.read_bytes()
+    offsets: list[int] = []
+    released = decode.decode_server_info(data, release=offsets.append)
+    assert len(offsets) == -(-6 * 24 // 5) and offsets == sorted(offsets) and len(set(offsets)) == len(offsets)
+    assert data.rindex(b'"survival":[') < offsets[-1] <= len(data)
+    for (s1, q1), (s2, q2) in zip(_tables(released, segment=0), _tables(decode.decode_server_info(data), segment=0)):
+        assert s1.equals(s2) and q1.equals(q2)
+    copy = decode._read_up_to(data, offsets.append)   # a Raw outside the body releases nothing
+    copy(msgspec.json.decode(bytes(bytearray(data)), type=decode._FastServerInfo).internal_states[0]
+         .dspark_info_record.records[0].reqs[0])
+    assert len(offsets) == -(-6 * 24 // 5)
+
+
 @pytest.mark.parametrize("edit", [
     lambda q: q.update(confidence=None),
     lambda q: q.update(confidence=[]),

@@ -88,3 +88,20 @@ def test_a_line_the_decoder_refuses_is_split_by_the_scan(tmp_path):
         (3, b'{"a": 4}', True)]
     # after the scan splits the first document off, the rest of its line is one document
     assert [d.decoded for d in got] == [None, {"a": 2}, None, None, {"a": 4}]
+
+
+def test_a_releasing_decoder_gets_the_pages_of_a_mapped_document_and_may_drop_them(tmp_path):
+    """``releasing``: the decoder is handed ``release``; the pages it drops are the file's, read again when
+    touched (the document's bytes do not change)."""
+    encoded = [json.dumps(d, separators=(",", ":")).encode() for d in DOCS]
+    path = _write(tmp_path, b"\n".join(encoded) + b"\n")
+    seen = []
+
+    def decode(data, release=None):
+        seen.append(release)
+        release(len(data))   # every page of the document gone from memory ...
+        return msgspec.json.decode(data)   # ... and read again from the file
+
+    got = list(iter_documents(path, decode=decode, releasing=True))
+    assert [d.decoded for d in got] == DOCS and [bytes(d.data) for d in got] == encoded
+    assert len(seen) == len(DOCS) and all(callable(r) for r in seen)

@@ -17,8 +17,9 @@ cache, and are read again if a caller still looks at them).  A pipe or an
 empty file is read in chunks as before.
 
 With ``decode`` (the caller's one decoder, e.g. ``decode_server_info``), a
-whole line already in the buffer goes to it first and comes back with its
-value: for a file of one document per line that is the only parse, and the
+whole line already in the buffer goes to it first (with ``releasing``, and
+``release=`` a mapped document's :attr:`Document.release`: the decoder gives
+back the pages it has read as it goes) and comes back with its value: for a file of one document per line that is the only parse, and the
 document is not copied out of the read buffer (``data`` is a memoryview).  A line
 ``decode`` refuses (two documents run together, text that is not JSON, a
 document of another kind) is split by the scan as above.
@@ -54,6 +55,7 @@ class Document:
     text: str = ""  # the document's text when it is not JSON (for a dead letter)
     parsed: Any = None  # the stdlib's values, for a document only it reads (they keep NaN and infinities)
     decoded: Any = None  # what the caller's ``decode`` made of it, when it read the line whole
+    release: Optional[Callable[[int], None]] = None  # gives back the pages of the first n bytes (mapped files)
 
     def value(self) -> Any:
         """The document as Python values."""
@@ -61,10 +63,11 @@ class Document:
 
 
 def iter_documents(path: str | Path, chunk_bytes: int = CHUNK_BYTES,
-                   decode: Optional[Callable[[bytes], Any]] = None) -> Iterator[Document]:
+                   decode: Optional[Callable[..., Any]] = None, *, releasing: bool = False) -> Iterator[Document]:
     """Each JSON document of ``path`` in order; text that is not JSON ends its line as one error.
 
     ``decode`` raises (``ValueError``, ``TypeError``, ``OverflowError``) for a line it cannot read as one document.
+    ``releasing``: ``decode`` takes ``release=`` (on a mapped file, :attr:`Document.release`; else None).
 
     >>> import tempfile, os
     >>> f = tempfile.NamedTemporaryFile("wb", suffix=".json", delete=False)
@@ -76,7 +79,7 @@ def iter_documents(path: str | Path, chunk_bytes: int = CHUNK_BYTES,
     with open(path, "rb") as f:
         mapped = _mapped(f)
         if mapped is not None:
-            yield from _mapped_documents(mapped, chunk_bytes, decode)
+            yield from _mapped_documents(mapped, chunk_bytes, decode, releasing)
             return
         buf, line, eof, typical = b"", 1, False, 0
         while True:
@@ -155,8 +158,8 @@ def _mapped(f) -> Optional[mmap.mmap]:
         return None
 
 
-def _mapped_documents(mm: mmap.mmap, chunk_bytes: int, decode: Optional[Callable[[bytes], Any]]
-                      ) -> Iterator[Document]:
+def _mapped_documents(mm: mmap.mmap, chunk_bytes: int, decode: Optional[Callable[..., Any]],
+                      releasing: bool = False) -> Iterator[Document]:
     """:func:`iter_documents` over a mapped file: the same documents and lines, as views of the mapping.
 
     As with a buffer, ``decode`` is tried only on a line that ends within ``max(chunk_bytes, 1.25 x the
@@ -177,7 +180,8 @@ def _mapped_documents(mm: mmap.mmap, chunk_bytes: int, decode: Optional[Callable
                 window = max(chunk_bytes, typical + typical // 4)
                 stop = mm.find(b"\n", pos, pos + window)
                 stop = size if stop < 0 and pos + window >= size else stop
-                whole = None if stop < 0 else _decoded_view(view, pos, stop, decode)
+                release = _page_giver(mm, pos) if releasing else None
+                whole = None if stop < 0 else _decoded_view(view, pos, stop, decode, release)
                 if whole is not None:
                     # decoded: its pages go back now (a caller that reads the bytes again faults them in)
                     given_back = _give_back(mm, given_back, stop)
@@ -189,7 +193,7 @@ def _mapped_documents(mm: mmap.mmap, chunk_bytes: int, decode: Optional[Callable
                 stop = end
                 while mm[pos + stop - 1] in _WHITESPACE:
                     stop -= 1
-                yield Document(line, view[pos:pos + stop])
+                yield Document(line, view[pos:pos + stop], release=_page_giver(mm, pos))
                 typical = max(typical, end)
                 line += _mapped_newlines(mm, pos, pos + end)
                 pos += end
@@ -206,14 +210,16 @@ def _mapped_documents(mm: mmap.mmap, chunk_bytes: int, decode: Optional[Callable
             pass
 
 
-def _decoded_view(view: memoryview, pos: int, stop: int, decode: Callable[[bytes], Any]) -> Optional[list]:
-    """``[data, value]`` of the line ``view[pos:stop]`` (trailing white space off) when ``decode`` reads it."""
+def _decoded_view(view: memoryview, pos: int, stop: int, decode: Callable[..., Any],
+                  release: Optional[Callable[[int], None]] = None) -> Optional[list]:
+    """``[data, value]`` of the line ``view[pos:stop]`` (trailing white space off) when ``decode`` reads it
+    (given ``release``, the line's :attr:`Document.release`, when there is one)."""
     end = stop
     while end > pos and view[end - 1] in _WHITESPACE:
         end -= 1
     data = view[pos:end]
     try:
-        return [data, decode(data)]
+        return [data, decode(data) if release is None else decode(data, release=release)]
     except (ValueError, TypeError, OverflowError):  # msgspec's errors are ValueErrors; the scan decides
         return None
 
@@ -221,6 +227,21 @@ def _decoded_view(view: memoryview, pos: int, stop: int, decode: Callable[[bytes
 def _mapped_newlines(mm: mmap.mmap, start: int, end: int) -> int:
     """Newlines in ``mm[start:end]`` (copied only when there is one: a server's compact JSON has none)."""
     return 0 if mm.find(b"\n", start, end) < 0 else mm[start:end].count(b"\n")
+
+
+def _page_giver(mm: mmap.mmap, start: int) -> Optional[Callable[[int], None]]:
+    """:attr:`Document.release` of the document at ``start``: drops the whole pages of its first ``n`` bytes
+    from resident memory (the file's pages: safe to drop, read again if touched)."""
+    if not (hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED")):
+        return None
+    first = start - start % mmap.PAGESIZE
+
+    def release(n: int) -> None:
+        upto = start + min(max(n, 0), len(mm) - start)
+        upto -= upto % mmap.PAGESIZE
+        if upto > first:
+            mm.madvise(mmap.MADV_DONTNEED, first, upto - first)
+    return release
 
 
 def _give_back(mm: mmap.mmap, given_back: int, pos: int) -> int:

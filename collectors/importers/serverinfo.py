@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import pyarrow as pa
 
@@ -18,6 +19,7 @@ from collectors.importers import ImportResult, TableSink, iter_documents, now
 from collectors.sglang.cursor import ForwardCursor
 from collectors.sglang.decode import PayloadError, decode_server_info, records_to_tables_safe, server_args
 from dspark_obs import schema
+from dspark_obs.allocation import give_back_freed_heap
 
 
 def import_server_info(store, run_id: str, path: str | Path) -> ImportResult:
@@ -25,9 +27,10 @@ def import_server_info(store, run_id: str, path: str | Path) -> ImportResult:
     sink = TableSink(store, run_id, result)
     cursor = ForwardCursor()
     source = f"server-info:{Path(path).name}"
-    for doc in iter_documents(path, decode=decode_server_info):  # one parse per body, where it is one line
+    for doc in iter_documents(path, decode=decode_server_info, releasing=True):  # one parse per body, where it is one line
         _import_body(doc, sink, cursor, f"{source}:{doc.line}")
         del doc  # free this body and its records before the next one is read and decoded
+        give_back_freed_heap()
     sink.close()
     return result
 
@@ -36,16 +39,20 @@ def _import_body(doc, sink: TableSink, cursor: ForwardCursor, source: str) -> No
     """One body's new records into ``steps`` and ``step_reqs``, its losses into ``gaps``, its bad parts into
     dead letters; the body's objects are freed when this returns."""
     result, body = sink.result, doc.data
+    args = _args_before_decode(doc, result)
     try:
         if doc.error is not None:
             raise PayloadError(doc.error)
-        info = doc.decoded if doc.decoded is not None else decode_server_info(body)
+        info = doc.decoded if doc.decoded is not None else decode_server_info(body, release=doc.release)
     except (PayloadError, TypeError, ValueError, OverflowError) as exc:
         sink.dead(source, str(exc), doc.text or bytes(body[:65536]).decode("utf-8", "replace"))
         return
     if "args" not in result.meta:
         first = next((r for r in info.ranks if r.gamma or r.mode), None)
-        args = server_args(body)
+        if args is None:
+            args = server_args(body)
+            if doc.release is not None:
+                doc.release(len(body))   # the scan for the arguments read the decoded body's pages in again
         result.meta.update(args=json.dumps(args, default=str)[:1_000_000], dp_size=len(info.ranks),
                            mode=first.mode if first else None, gamma=first.gamma if first else None,
                            version=info.version if isinstance(info.version, str) else None,
@@ -71,3 +78,15 @@ def _import_body(doc, sink: TableSink, cursor: ForwardCursor, source: str) -> No
         sink.add_table("steps", steps)
         sink.add_table("step_reqs", reqs)
         result.add_rids(reqs.column("rid"))
+
+
+def _args_before_decode(doc, result) -> Optional[dict]:
+    """The first body's server arguments, read before the body is decoded: their scan faults in the pages
+    the decode reads next and gives back as it goes (read after it, they came back in: the first 18 MB
+    body's pages resident twice over, the command's peak)."""
+    if "args" in result.meta or doc.decoded is not None or doc.error is not None:
+        return None
+    try:
+        return server_args(doc.data)
+    except PayloadError:
+        return None   # the decode says what is wrong with the body

@@ -105,7 +105,8 @@ class PayloadError(ValueError):
     """The body is not a ``/server_info`` response at all."""
 
 
-def decode_server_info(body: bytes, read_through: Optional[Mapping[int, int]] = None) -> ServerInfoPayload:
+def decode_server_info(body: bytes, read_through: Optional[Mapping[int, int]] = None, *,
+                       release: Optional[Callable[[int], None]] = None) -> ServerInfoPayload:
     """Decode a ``/server_info`` body; raise ``PayloadError`` if it is unusable.
 
     ``read_through`` maps a DP rank to the last ``forward_ct`` already stored:
@@ -113,8 +114,11 @@ def decode_server_info(body: bytes, read_through: Optional[Mapping[int, int]] = 
     the fast path then skips parsing their lists (their scalars are decoded as
     usual; :func:`lists_skipped` tells such a record, which must not be turned
     into rows — decode the body again without the hint if one is needed).
+    ``release(n)``: the body's first ``n`` bytes are read and their memory may go
+    (a mapped file's pages: :attr:`collectors.importers.documents.Document.release`);
+    the fast path calls it as its list parse moves through the body.
     """
-    fast = _decode_fast(body, read_through)
+    fast = _decode_fast(body, read_through, release)
     if fast is not None:
         return fast
     return _decode_reference(body)
@@ -126,15 +130,17 @@ def lists_skipped(record: Any) -> bool:
     return state is not None and state.get("_lists", ()) is None
 
 
-def _decode_fast(body: bytes, read_through: Optional[Mapping[int, int]] = None) -> Optional[ServerInfoPayload]:
+def _decode_fast(body: bytes, read_through: Optional[Mapping[int, int]] = None,
+                 release: Optional[Callable[[int], None]] = None) -> Optional[ServerInfoPayload]:
     """The whole body in one pass, or None when only the reference path may read it."""
     try:
         info = _fast_decoder.decode(body)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
+    read = None if release is None else _read_up_to(body, release)
 
     def rank_of(i: int, payload: Any) -> Optional[RankPayload]:
-        if not _attach_lists(payload.records, read_through.get(i) if read_through else None):
+        if not _attach_lists(payload.records, read_through.get(i) if read_through else None, read):
             return None
         return RankPayload(i, payload.mode, payload.gamma, payload.records, [], tuple(payload.components), [])
 
@@ -227,10 +233,26 @@ def _numpy(array: pa.Array, dtype) -> np.ndarray:
     return np.frombuffer(array.buffers()[1], dtype=dtype, count=len(array), offset=array.offset * np.dtype(dtype).itemsize)
 
 
-def _attach_lists(records: list[_FastRecord], read_through: Optional[int] = None) -> bool:
+def _read_up_to(body, release: Callable[[int], None]) -> Callable[[Any], None]:
+    """``read(req)``: ``release`` the body up to the end of request ``req``'s lists.  A Raw is a view of the
+    body, so where it ends tells how far the parse has read (one outside the body releases nothing)."""
+    base, size = np.frombuffer(body, dtype=np.uint8).ctypes.data, len(body)
+
+    def read(req: Any) -> None:
+        ends = [np.frombuffer(raw, dtype=np.uint8).ctypes.data - base + len(raw)
+                for raw in (req.draft_tokens, req.confidence, req.survival)]
+        if all(0 < end <= size for end in ends):
+            release(max(ends))
+    return read
+
+
+def _attach_lists(records: list[_FastRecord], read_through: Optional[int] = None,
+                  read: Optional[Callable[[Any], None]] = None) -> bool:
     """Parse every list of a rank in bulk and hand each record its rows' slices.
 
-    Records at or below ``read_through`` (already stored) get ``None`` instead.
+    Records at or below ``read_through`` (already stored) get ``None`` instead.  The requests go in
+    blocks, a block's three lists together, and ``read`` hears of each block's last request: a mapped
+    body's pages can go as the parse leaves them (:func:`_read_up_to`).
     """
     if read_through is not None:
         for rec in records:
@@ -239,14 +261,17 @@ def _attach_lists(records: list[_FastRecord], read_through: Optional[int] = None
         records = [r for r in records if r.forward_ct > read_through]
     rows = [len(r.reqs) if r.reqs else 0 for r in records]
     reqs = [q for r in records if r.reqs for q in r.reqs]
-    parsed = {}
-    for name in _LIST_FIELDS:
-        raws = list(map(attrgetter(name), reqs))
-        blocks = [_parse_lists(raws[i:i + _BLOCK_ROWS], integers=name == "draft_tokens")
-                  for i in range(0, len(raws), _BLOCK_ROWS)] or [_parse_lists([], integers=name == "draft_tokens")]
-        if any(b is None for b in blocks):
-            return False
-        parsed[name] = _joined_blocks(blocks)
+    blocks: dict[str, list] = {name: [] for name in _LIST_FIELDS}
+    for lo in range(0, len(reqs), _BLOCK_ROWS):
+        part = reqs[lo:lo + _BLOCK_ROWS]
+        for name in _LIST_FIELDS:
+            blocks[name].append(_parse_lists(list(map(attrgetter(name), part)), integers=name == "draft_tokens"))
+            if blocks[name][-1] is None:
+                return False
+        if read is not None:
+            read(part[-1])
+    parsed = {name: _joined_blocks(b) if b else _parse_lists([], integers=name == "draft_tokens")
+              for name, b in blocks.items()}
     start = 0
     for rec, k in zip(records, rows):
         rec.__dict__["_lists"] = (parsed, start, start + k)
