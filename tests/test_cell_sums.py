@@ -174,6 +174,33 @@ def test_cell_bins_sums_are_the_counts_of_their_bins_bit_for_bit(values, n_cells
     want = np.stack(metrics.request_bins(key, binner(p, cell), p, y, groups, n_bins))
     got = binner.sums(p, cell, key, y, groups)
     assert got.shape == want.shape and got.tobytes() == want.tobytes()
+    rows = np.flatnonzero(rng.random(p.size) < 0.6)   # some rows only: as if the arrays were taken at them
+    taken = binner.sums(p[rows], cell[rows], key[rows], y[rows], groups)
+    assert binner.sums(p, cell, key, y, groups, at=rows).tobytes() == taken.tobytes()
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.integers(0, 400), st.integers(1, 8), st.integers(1, 12), st.integers(0, 2**31))
+def test_a_kinds_step_sums_are_numpy_s_counts_bit_for_bit(n, cells, units, seed):
+    """The compiled pass of a kind's per-cell and per-unit sums adds what ``np.bincount`` adds, in its order."""
+    from dspark_obs.estimators.calibration.cell_sums import _step_sums
+    from dspark_obs.estimators.compiled import jit
+
+    rng = np.random.default_rng(seed)
+    p = rng.random(n)
+    y = rng.choice([0.0, 1.0, np.nan, 0.37], n, p=[0.4, 0.4, 0.1, 0.1] if seed % 2 else [0.5, 0.4, 0.1, 0.0])
+    pc = np.clip(p, metrics.EPS_PROB, 1 - metrics.EPS_PROB)
+    cell, unit = rng.integers(0, cells, n), rng.integers(0, units, n)
+    at = np.flatnonzero(~np.isnan(y) & (rng.random(n) < 0.9))
+    per_cell, per_unit, whole = jit(_step_sums)(at, p, y, np.log(pc), np.log1p(-pc), cell, unit, cells, units)
+    yt, pt = y[at], p[at]
+    want_cell = [np.bincount(cell[at], weights=pt, minlength=cells),
+                 np.bincount(cell[at], weights=yt * np.log(pc)[at] + (1.0 - yt) * np.log1p(-pc)[at], minlength=cells)]
+    want_unit = [np.bincount(unit[at], minlength=units).astype(np.float64),
+                 np.bincount(unit[at], weights=(pt - yt) ** 2, minlength=units),
+                 np.bincount(unit[at], weights=yt, minlength=units)]
+    assert per_cell.tobytes() == np.stack(want_cell).tobytes() and per_unit.tobytes() == np.stack(want_unit).tobytes()
+    assert whole == bool(np.all((yt == 0.0) | (yt == 1.0)))
 
 
 def test_cell_bins_sums_refuse_a_key_outside_the_groups():

@@ -9,7 +9,9 @@ and binning cost ~100 ns a value; what remains per cell is arithmetic on per-req
 The binning and its counts are one compiled pass (numba, :meth:`CellBins.sums`): numpy needed a table
 lookup, a search near the edges and a count per statistic, six passes over every value of the chunk for
 each binning, and the pass adds in the same order as ``np.bincount``, so the sums are the same to the
-last bit (``calibrate --labels all`` at 10M, ``--jobs 1``: 49.3 against 45.2 CPU s).
+last bit (``calibrate --labels all`` at 10M, ``--jobs 1``: 49.3 against 45.2 CPU s).  A label kind's
+per-cell and per-unit sums are one more (:func:`_step_sums`), and every pass reads the rows it takes by
+index (``at``), where numpy took six copies of them first and counted five times.
 """
 
 from __future__ import annotations
@@ -77,20 +79,27 @@ class CellBins:
                 ids[rows] = metrics.bin_ids(p[rows], self.edges[c], "quantile")
         return ids
 
-    def sums(self, p: np.ndarray, cell: np.ndarray, key: np.ndarray, y: np.ndarray, groups: int) -> np.ndarray:
+    def sums(self, p: np.ndarray, cell: np.ndarray, key: np.ndarray, y: np.ndarray, groups: int, *,
+             at: np.ndarray | None = None) -> np.ndarray:
         """``[3, groups, bins]``: per ``key`` and bin of ``p`` (its ``cell``'s), the count and the sums of ``p``
         and ``y`` (:func:`~.metrics.request_bins` of :meth:`__call__`'s bins), in one compiled pass that adds
         in the order of the values, as ``np.bincount`` does: the same sums, bit for bit.  The pass replaced a
-        lookup, a search near the edges and three counts, each a pass over every value of the chunk."""
+        lookup, a search near the edges and three counts, each a pass over every value of the chunk.
+        ``at``: only these rows (ascending indices), as if the arrays were taken at them first."""
         n_bins = self.edges[0].size - 1 if self.edges else 1
+        if at is None:
+            at = np.arange(len(p), dtype=np.int64)
         if not self.edges or len({e.size for e in self.edges}) != 1:   # no cell, or cells of different bins
+            p, cell, key, y = p[at], cell[at], key[at], y[at]
             return np.stack(metrics.request_bins(key, self(p, cell), p, y, groups, n_bins))
         quantile = self.strategy == "quantile"
-        for values, bound in [(key, groups)] + ([(cell, len(self.edges))] if quantile else []):
-            if len(values) and not 0 <= int(np.min(values)) <= int(np.max(values)) < bound:   # the loop indexes
+        at = np.ascontiguousarray(at, dtype=np.int64)
+        # the loop indexes with all of these: each checked whole (the rows not taken too)
+        for values, bound in [(at, len(p)), (key, groups)] + ([(cell, len(self.edges))] if quantile else []):
+            if len(values) and not 0 <= int(np.min(values)) <= int(np.max(values)) < bound:
                 raise ValueError(f"indices must lie in [0, {bound}), got [{np.min(values)}, {np.max(values)}]")
         interior = np.ascontiguousarray(np.stack(self.edges)[:, 1:-1]) if quantile else np.zeros((1, 0))
-        out = jit(_binned_sums)(np.ascontiguousarray(p, dtype=np.float64), np.ascontiguousarray(y, dtype=np.float64),
+        out = jit(_binned_sums)(at, np.ascontiguousarray(p, dtype=np.float64), np.ascontiguousarray(y, dtype=np.float64),
                                 np.ascontiguousarray(cell, dtype=np.int64), np.ascontiguousarray(key, dtype=np.int64),
                                 self.bin_of if quantile else np.zeros(1, np.int8),
                                 self.edge_in if quantile else np.zeros(1, bool), interior, n_bins, groups, quantile,
@@ -98,11 +107,11 @@ class CellBins:
         return out.reshape(3, groups, n_bins)
 
 
-def _binned_sums(p, y, cell, key, bin_of, edge_in, interior, n_bins, groups, quantile, buckets):
-    """:meth:`CellBins.sums` (compiled): each value's bin as :meth:`CellBins.__call__` finds it, added to its
-    key's count and sums in order."""
+def _binned_sums(at, p, y, cell, key, bin_of, edge_in, interior, n_bins, groups, quantile, buckets):
+    """:meth:`CellBins.sums` (compiled): each value of rows ``at``'s bin as :meth:`CellBins.__call__` finds it,
+    added to its key's count and sums in order."""
     out = np.zeros((3, groups * n_bins))
-    for i in range(p.size):
+    for i in at:
         v = p[i]
         if quantile:
             c = cell[i]
@@ -125,6 +134,25 @@ def _binned_sums(p, y, cell, key, bin_of, edge_in, interior, n_bins, groups, qua
         out[1, j] += v
         out[2, j] += y[i]
     return out
+
+
+def _step_sums(at, p, y, log_pc, log1m_pc, cell, unit, cells, units):
+    """:meth:`_KindSums.of`'s sums over rows ``at`` (compiled), added in order as ``np.bincount`` adds:
+    per cell the predictions and log-likelihoods, per cell unit the steps, squared errors and labels;
+    and whether every label is 0 or 1.  Two passes for the gathers and five counts before."""
+    per_cell, per_unit, whole = np.zeros((2, cells)), np.zeros((3, units)), True
+    for i in at:
+        v, t = p[i], y[i]
+        c, u = cell[i], unit[i]
+        d = v - t
+        per_cell[0, c] += v
+        per_cell[1, c] += t * log_pc[i] + (1.0 - t) * log1m_pc[i]
+        per_unit[0, u] += 1.0
+        per_unit[1, u] += d * d
+        per_unit[2, u] += t
+        if t != 0.0 and t != 1.0:
+            whole = False
+    return per_cell, per_unit, whole
 
 
 @dataclass
@@ -318,48 +346,45 @@ class _KindSums:
            with_units: bool) -> "_KindSums":
         units, gamma = shared.units, ev.gamma
         n_w, n_u = len(units.workloads), units.unit_of.size
-        labels = ev.y.reshape(-1)
+        labels = np.ascontiguousarray(ev.y.reshape(-1), dtype=np.float64)
         at = np.flatnonzero(shared.predicted & ~np.isnan(labels))   # rows in step order, positions within a step
-        y, p, pc, k = labels[at], shared.p[at], shared.pc[at], shared.position[at]
-        cell, unit = shared.cell[at], shared.unit[at]
-        sq = (p - y) ** 2
         size = n_w * gamma
-
-        def per_cell(weights):
-            return np.bincount(cell, weights=weights, minlength=size).reshape(n_w, gamma)
-
-        def per_unit(weights=None):
-            return np.bincount(unit, weights=weights, minlength=gamma * n_u).reshape(gamma, n_u)
+        for values, bound in ((shared.cell, size), (shared.unit, gamma * n_u)):   # the compiled loop indexes
+            if values.size and not 0 <= int(values.min()) <= int(values.max()) < bound:
+                raise ValueError(f"cells and units must lie in [0, {bound})")
+        per_cell, unit_steps, whole = jit(_step_sums)(at, shared.p, labels, shared.log_pc, shared.log1m_pc,
+                                                      shared.cell, shared.unit, size, gamma * n_u)
+        unit_steps = unit_steps.reshape(3, gamma, n_u)
 
         def by_workload(per: np.ndarray) -> np.ndarray:   # [3, gamma, units, ...] -> [3, gamma, workloads, ...]
             if not n_u:
                 return np.zeros(per.shape[:2] + (n_w,) + per.shape[3:])
             return np.add.reduceat(per, units.bounds[:-1], axis=2)
 
-        unit_steps = np.stack([per_unit().astype(np.float64), per_unit(sq), per_unit(y)])
         steps, sq_sum, y_sum = by_workload(unit_steps).transpose(0, 2, 1)
-        loglik = y * shared.log_pc[at] + (1.0 - y) * shared.log1m_pc[at]
-        totals = np.stack([per_cell(p), y_sum, sq_sum, per_cell(loglik)])
+        totals = np.stack([per_cell[0].reshape(n_w, gamma), y_sum, sq_sum, per_cell[1].reshape(n_w, gamma)])
         n = steps.astype(np.int64)
         bins, every_bins, unit_bins, every_unit_bins = {}, {}, {}, {}
+        pc, y = shared.pc, labels
         for name, (n_bins, strategy) in specs.items():
             edges = [cells[(w, j)].edges[name] for w in units.workloads for j in range(gamma)]
             binner = CellBins(edges, strategy)
             if with_units:   # a cell's bins are its requests' (added up in the order of the requests)
-                unit_bins[name] = binner.sums(pc, cell, unit, y, gamma * n_u).reshape(3, gamma, n_u, n_bins)
+                unit_bins[name] = binner.sums(pc, shared.cell, shared.unit, y, gamma * n_u, at=at
+                                              ).reshape(3, gamma, n_u, n_bins)
                 bins[name] = by_workload(unit_bins[name]).transpose(0, 2, 1, 3)
             else:
-                bins[name] = binner.sums(pc, cell, cell, y, size).reshape(3, n_w, gamma, n_bins)
+                bins[name] = binner.sums(pc, shared.cell, shared.cell, y, size, at=at).reshape(3, n_w, gamma, n_bins)
             if strategy == "uniform":
                 continue
             every = CellBins([cells[("*", j)].edges[name] for j in range(gamma)], strategy)
             if with_units:
-                every_unit_bins[name] = every.sums(pc, k, unit, y, gamma * n_u).reshape(3, gamma, n_u, n_bins)
+                every_unit_bins[name] = every.sums(pc, shared.position, shared.unit, y, gamma * n_u, at=at
+                                                   ).reshape(3, gamma, n_u, n_bins)
                 every_bins[name] = every_unit_bins[name].sum(axis=2)
             else:
-                every_bins[name] = every.sums(pc, k, k, y, gamma)
-        return cls(n, totals, unit_steps, bins, every_bins, unit_bins, every_unit_bins, units.bounds,
-                   bool(np.all((y == 0.0) | (y == 1.0))))
+                every_bins[name] = every.sums(pc, shared.position, shared.position, y, gamma, at=at)
+        return cls(n, totals, unit_steps, bins, every_bins, unit_bins, every_unit_bins, units.bounds, whole)
 
     def add_to_cells(self, cells: dict, workloads: list) -> None:
         """Add the sums to the kind's cells (those of a workload to the all-workloads cell too, but its
