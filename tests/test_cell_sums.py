@@ -207,3 +207,19 @@ def test_cell_bins_sums_refuse_a_key_outside_the_groups():
     binner = CellBins([np.linspace(0, 1, 5)], "uniform")
     with pytest.raises(ValueError, match="indices"):
         binner.sums(np.array([0.5]), np.array([0]), np.array([3]), np.array([1.0]), 3)
+
+
+@pytest.mark.parametrize("cell, key, at", [([0, 2], [0, 0], None), ([0, -1], [0, 0], None), ([0, 1], [0, 1], None),
+                                           ([0, 1], [0, 0], [0, 2]), ([0, 1], [0, 0], [-1])])
+def test_the_compiled_passes_refuse_an_index_outside_its_range(cell, key, at):
+    """A cell, key or row out of range is an error, never a read or write beside the arrays."""
+    from dspark_obs.estimators.calibration.cell_sums import _step_sums
+    from dspark_obs.estimators.compiled import jit
+
+    binner = CellBins([np.array([0, .3, .6, 1.0]), np.array([0, .2, .5, 1.0])], "quantile")
+    p, y = np.array([0.1, 0.5]), np.array([1.0, 0.0])
+    rows = None if at is None else np.array(at)
+    with pytest.raises(ValueError, match="indices"):
+        binner.sums(p, np.array(cell), np.array(key), y, 1, at=rows)
+    with pytest.raises(ValueError, match="indices"):
+        jit(_step_sums)(np.arange(2) if rows is None else rows, p, y, p, p, np.array(cell), np.array(key), 2, 1)

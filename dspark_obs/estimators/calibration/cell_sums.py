@@ -94,10 +94,8 @@ class CellBins:
             return np.stack(metrics.request_bins(key, self(p, cell), p, y, groups, n_bins))
         quantile = self.strategy == "quantile"
         at = np.ascontiguousarray(at, dtype=np.int64)
-        # the loop indexes with all of these: each checked whole (the rows not taken too)
-        for values, bound in [(at, len(p)), (key, groups)] + ([(cell, len(self.edges))] if quantile else []):
-            if len(values) and not 0 <= int(np.min(values)) <= int(np.max(values)) < bound:
-                raise ValueError(f"indices must lie in [0, {bound}), got [{np.min(values)}, {np.max(values)}]")
+        if len(p) != len(y) or len(p) != len(cell) or len(p) != len(key):
+            raise ValueError("p, cell, key and y must be of one length")
         interior = np.ascontiguousarray(np.stack(self.edges)[:, 1:-1]) if quantile else np.zeros((1, 0))
         out = jit(_binned_sums)(at, np.ascontiguousarray(p, dtype=np.float64), np.ascontiguousarray(y, dtype=np.float64),
                                 np.ascontiguousarray(cell, dtype=np.int64), np.ascontiguousarray(key, dtype=np.int64),
@@ -111,7 +109,10 @@ def _binned_sums(at, p, y, cell, key, bin_of, edge_in, interior, n_bins, groups,
     """:meth:`CellBins.sums` (compiled): each value of rows ``at``'s bin as :meth:`CellBins.__call__` finds it,
     added to its key's count and sums in order."""
     out = np.zeros((3, groups * n_bins))
+    cells = interior.shape[0]
     for i in at:
+        if i < 0 or i >= p.size or key[i] < 0 or key[i] >= groups or (quantile and (cell[i] < 0 or cell[i] >= cells)):
+            raise ValueError("indices must lie in their ranges (rows, groups, cells)")   # before any is used
         v = p[i]
         if quantile:
             c = cell[i]
@@ -142,6 +143,8 @@ def _step_sums(at, p, y, log_pc, log1m_pc, cell, unit, cells, units):
     and whether every label is 0 or 1.  Two passes for the gathers and five counts before."""
     per_cell, per_unit, whole = np.zeros((2, cells)), np.zeros((3, units)), True
     for i in at:
+        if i < 0 or i >= p.size or cell[i] < 0 or cell[i] >= cells or unit[i] < 0 or unit[i] >= units:
+            raise ValueError("indices must lie in their ranges (rows, cells, units)")   # before any is used
         v, t = p[i], y[i]
         c, u = cell[i], unit[i]
         d = v - t
@@ -349,9 +352,8 @@ class _KindSums:
         labels = np.ascontiguousarray(ev.y.reshape(-1), dtype=np.float64)
         at = np.flatnonzero(shared.predicted & ~np.isnan(labels))   # rows in step order, positions within a step
         size = n_w * gamma
-        for values, bound in ((shared.cell, size), (shared.unit, gamma * n_u)):   # the compiled loop indexes
-            if values.size and not 0 <= int(values.min()) <= int(values.max()) < bound:
-                raise ValueError(f"cells and units must lie in [0, {bound})")
+        if labels.size != shared.p.size:
+            raise ValueError(f"{labels.size} labels for {shared.p.size} predictions")
         per_cell, unit_steps, whole = jit(_step_sums)(at, shared.p, labels, shared.log_pc, shared.log1m_pc,
                                                       shared.cell, shared.unit, size, gamma * n_u)
         unit_steps = unit_steps.reshape(3, gamma, n_u)
