@@ -100,11 +100,8 @@ def give_back_freed_heap() -> bool:
     The trim threshold gives back only the top of the heap; what a ``/server_info`` body freed in the middle
     (its records, lists and tables) stays resident until this (ten 18.3 MB bodies: the next body's decode
     started 11 MB lower)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    trim = _glibc("malloc_trim")
+    if trim is None:
         return False
     trim(ctypes.c_size_t(0))
     return True
@@ -112,10 +109,15 @@ def give_back_freed_heap() -> bool:
 
 def _mallopt(param: int, value: int) -> bool:
     """glibc's ``mallopt``; False where there is none (musl, macOS, Windows)."""
+    mallopt = _glibc("mallopt")
+    return mallopt is not None and bool(mallopt(ctypes.c_int(param), ctypes.c_int(value)))
+
+
+def _glibc(name: str):
+    """The process's own C function ``name`` (glibc's, where it is linked); None off Linux or without it."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
-        mallopt = ctypes.CDLL(None).mallopt   # the process's own symbols: glibc's, where it is linked
+        return getattr(ctypes.CDLL(None), name)
     except (OSError, AttributeError):
-        return False
-    return bool(mallopt(ctypes.c_int(param), ctypes.c_int(value)))
+        return None

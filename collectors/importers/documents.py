@@ -19,8 +19,9 @@ empty file is read in chunks as before.
 With ``decode`` (the caller's one decoder, e.g. ``decode_server_info``), a
 whole line already in the buffer goes to it first (with ``releasing``, and
 ``release=`` a mapped document's :attr:`Document.release`: the decoder gives
-back the pages it has read as it goes) and comes back with its value: for a file of one document per line that is the only parse, and the
-document is not copied out of the read buffer (``data`` is a memoryview).  A line
+back the pages it has read as it goes) and comes back with its value: for a
+file of one document per line that is the only parse, and the document is not
+copied out of the read buffer (``data`` is a memoryview).  A line
 ``decode`` refuses (two documents run together, text that is not JSON, a
 document of another kind) is split by the scan as above.
 
@@ -186,7 +187,8 @@ def _mapped_documents(mm: mmap.mmap, chunk_bytes: int, decode: Optional[Callable
                     # decoded: its pages go back now (a caller that reads the bytes again faults them in)
                     given_back = _give_back(mm, given_back, stop)
                     typical, pos = max(typical, stop - pos), stop
-                    yield Document(line, whole.pop(0), decoded=whole.pop())  # not held here while the caller works
+                    yield Document(line, whole.pop(0), decoded=whole.pop(),  # not held here while the caller works
+                                   release=release or _page_giver(mm, pos))
                     continue
             end = _document_end(view[pos:])
             if end:

@@ -39,7 +39,7 @@ def _import_body(doc, sink: TableSink, cursor: ForwardCursor, source: str) -> No
     """One body's new records into ``steps`` and ``step_reqs``, its losses into ``gaps``, its bad parts into
     dead letters; the body's objects are freed when this returns."""
     result, body = sink.result, doc.data
-    args = _args_before_decode(doc, result)
+    args = _first_args(doc, result)
     try:
         if doc.error is not None:
             raise PayloadError(doc.error)
@@ -49,10 +49,7 @@ def _import_body(doc, sink: TableSink, cursor: ForwardCursor, source: str) -> No
         return
     if "args" not in result.meta:
         first = next((r for r in info.ranks if r.gamma or r.mode), None)
-        if args is None:
-            args = server_args(body)
-            if doc.release is not None:
-                doc.release(len(body))   # the scan for the arguments read the decoded body's pages in again
+        args = server_args(body) if args is None else args   # a body only the decoder reads: as before
         result.meta.update(args=json.dumps(args, default=str)[:1_000_000], dp_size=len(info.ranks),
                            mode=first.mode if first else None, gamma=first.gamma if first else None,
                            version=info.version if isinstance(info.version, str) else None,
@@ -80,13 +77,17 @@ def _import_body(doc, sink: TableSink, cursor: ForwardCursor, source: str) -> No
         result.add_rids(reqs.column("rid"))
 
 
-def _args_before_decode(doc, result) -> Optional[dict]:
-    """The first body's server arguments, read before the body is decoded: their scan faults in the pages
-    the decode reads next and gives back as it goes (read after it, they came back in: the first 18 MB
-    body's pages resident twice over, the command's peak)."""
-    if "args" in result.meta or doc.decoded is not None or doc.error is not None:
+def _first_args(doc, result) -> Optional[dict]:
+    """The first body's server arguments, read before the body is decoded (the scan faults in the pages the
+    decode reads next and gives back as it goes; read after it, they came back in: the first 18 MB body's
+    pages resident twice over, the command's peak), or after the reader decoded it (its pages are given back
+    again).  None once they are known, and for a body they cannot be read from (the decode says why)."""
+    if "args" in result.meta or doc.error is not None:
         return None
     try:
-        return server_args(doc.data)
+        args = server_args(doc.data)
     except PayloadError:
-        return None   # the decode says what is wrong with the body
+        return None
+    if doc.decoded is not None and doc.release is not None:
+        doc.release(len(doc.data))
+    return args

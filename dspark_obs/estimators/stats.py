@@ -127,7 +127,6 @@ def _poisson_draws(keys, stream, thresholds, out):
             out[r, u] = w
 
 
-
 def weight_tiles(keys: np.ndarray, n_resamples: int, seed: int):
     """:func:`poisson_weights` of ``keys`` in tiles: yields ``(start, lo, hi, weights)``, the weights
     ``[<= BLOCK, hi - lo]`` of resamples ``start ..`` for units ``lo:hi`` (every tile of one block of
