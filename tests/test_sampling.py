@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dspark_obs.estimators import sampling
 from dspark_obs.estimators.ceiling import estimate_run
@@ -164,3 +166,24 @@ def test_estimate_prints_how_the_sampling_is_known_and_the_fix_for_unknown(unrec
     assert got.exit_code == 0, got.output
     text = " ".join(got.output.split())
     assert "24 unknown" in text and "--temperature T" in text and "bins of mid" in text
+
+
+def _first_known(recorded: float, override: float, inferred: str) -> tuple[str, str]:
+    """The rule of ``resolve_sampling`` for one request, spelled out."""
+    for temperature, source in ((recorded, "recorded"), (override, "override")):
+        if not np.isnan(temperature):
+            return ("greedy" if temperature == 0.0 else "sampled"), source
+    return inferred, "inferred" if inferred != "unknown" else "unknown"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([np.nan, 0.0, 0.7, 1.0]), st.sampled_from([np.nan, 0.0, 0.3]),
+                          st.sampled_from(["greedy", "sampled", "unknown"])), max_size=40))
+def test_sampling_codes_name_the_first_known_of_recorded_override_and_inferred(rows):
+    recorded = np.array([r[0] for r in rows], dtype=np.float64)
+    override = np.array([r[1] for r in rows], dtype=np.float64)
+    inferred = np.array([r[2] for r in rows], dtype=object)
+    kind, source = sampling.resolve_sampling_codes(recorded, override, sampling.kind_codes(inferred))
+    assert kind.dtype == source.dtype == np.int8
+    got = [(sampling.KINDS[k], sampling.SOURCES[s]) for k, s in zip(kind.tolist(), source.tolist())]
+    assert got == [_first_known(*r) for r in rows]

@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["SOURCES", "GREEDY", "SAMPLED", "UNKNOWN", "DEFAULT_ALPHA", "infer_greedy", "pool_run", "resolve_sampling",
-           "TOKEN_EVIDENCE_SQL"]
+__all__ = ["SOURCES", "GREEDY", "SAMPLED", "UNKNOWN", "KINDS", "GREEDY_CODE", "UNKNOWN_CODE", "DEFAULT_ALPHA",
+           "infer_greedy", "pool_run", "kind_codes", "resolve_sampling", "resolve_sampling_codes", "TOKEN_EVIDENCE_SQL"]
 
 SOURCES = ("recorded", "override", "inferred", "unknown")
 GREEDY, SAMPLED, UNKNOWN = "greedy", "sampled", "unknown"
-_STATED_KINDS = np.array([GREEDY, SAMPLED], dtype=object)   # a stated temperature: 0 greedy, else sampled
+KINDS = (GREEDY, SAMPLED, UNKNOWN)
+"""The sampling kinds in the order of their codes (:func:`kind_codes`); a stated temperature's kind is its
+code ``temperature != 0``."""
+GREEDY_CODE, UNKNOWN_CODE = KINDS.index(GREEDY), KINDS.index(UNKNOWN)
+_KIND_NAMES = np.array(KINDS, dtype=object)
 _SOURCE_NAMES = np.array(SOURCES, dtype=object)
 DEFAULT_ALPHA = 1e-3
 """Largest chance that a sampled request commits only top-1 tokens by luck and is called greedy."""
@@ -101,6 +105,19 @@ def pool_run(kinds: np.ndarray, log_p_top1: np.ndarray, *, alpha: float = DEFAUL
     return kinds
 
 
+def kind_codes(kinds: np.ndarray) -> np.ndarray:
+    """Sampling kinds (names) as their codes in :data:`KINDS` (int8; any other name is unknown).
+
+    >>> kind_codes(np.array(['sampled', 'greedy', 'unknown'], dtype=object)).tolist()
+    [1, 0, 2]
+    """
+    kinds = np.asarray(kinds, dtype=object)
+    out = np.full(kinds.shape, UNKNOWN_CODE, dtype=np.int8)
+    for code, name in enumerate(KINDS[:UNKNOWN_CODE]):
+        out[kinds == name] = code
+    return out
+
+
 def resolve_sampling(recorded: np.ndarray, override: np.ndarray, inferred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``(sampling, source)`` per request: the first of recorded, override, inferred that is known.
 
@@ -112,16 +129,23 @@ def resolve_sampling(recorded: np.ndarray, override: np.ndarray, inferred: np.nd
     >>> s.tolist(), src.tolist()
     (['sampled', 'greedy', 'greedy', 'unknown'], ['recorded', 'override', 'inferred', 'unknown'])
     """
+    kind, source = resolve_sampling_codes(recorded, override, kind_codes(inferred))
+    return _KIND_NAMES[kind], _SOURCE_NAMES[source]
+
+
+def resolve_sampling_codes(recorded: np.ndarray, override: np.ndarray,
+                           inferred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`resolve_sampling` in codes: ``inferred`` and the kinds as codes in :data:`KINDS`, the sources
+    as codes in :data:`SOURCES` (int8 each).  A chunk's steps are resolved this way: names cost a Python
+    object per step, to fill, compare and write (19 ms per 150k steps, against under 1 ms)."""
     recorded = np.asarray(recorded, dtype=np.float64)
     override = np.asarray(override, dtype=np.float64)
-    inferred = np.asarray(inferred, dtype=object)
-    # codes into the names, then one take: every step shares the names' objects (no string made per step)
     has_recorded, has_override = ~np.isnan(recorded), ~np.isnan(override)
     unstated = ~(has_recorded | has_override)
-    temperature = np.where(has_recorded, recorded, override)
-    sampling = _STATED_KINDS[(temperature != 0.0).astype(np.intp)]
-    sampling[unstated] = inferred[unstated]
-    source_code = np.where(has_recorded, 0, 1)
-    source_code[unstated] = np.where(inferred[unstated] != UNKNOWN, 2, 3)   # strings compared only where they decide
-    source = _SOURCE_NAMES[source_code]
-    return sampling, source
+    kind = (np.where(has_recorded, recorded, override) != 0.0).astype(np.int8)
+    source = np.where(has_recorded, 0, 1).astype(np.int8)
+    if unstated.any():
+        from_tokens = np.asarray(inferred)[unstated]
+        kind[unstated] = from_tokens
+        source[unstated] = np.where(from_tokens != UNKNOWN_CODE, 2, 3)
+    return kind, source

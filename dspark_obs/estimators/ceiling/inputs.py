@@ -253,8 +253,8 @@ class ChunkInputs:
     greedy: np.ndarray
     aligned: AlignedChunk
     temperature: np.ndarray        # [n] recorded, else overridden temperature (NaN unknown)
-    sampling: np.ndarray           # [n] greedy | sampled | unknown
-    sampling_source: np.ndarray    # [n] recorded | override | inferred | unknown
+    sampling: np.ndarray           # [n] int8: greedy | sampled | unknown, as codes in sampling.KINDS
+    sampling_source: np.ndarray    # [n] int8: recorded | override | inferred | unknown, codes in sampling.SOURCES
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ class InferredSampling:
     """The run's stated and inferred sampling per rid (read once for the whole run)."""
 
     rids: pa.Array             # rids with token evidence
-    kinds: np.ndarray          # their inferred sampling
+    kinds: np.ndarray          # their inferred sampling, as codes in sampling.KINDS
     override_rids: pa.Array    # rids of stored per-request overrides (ingest --workload-map)
     override_temps: np.ndarray
     run_override: float | None  # stored run-wide override (ingest --temperature)
@@ -290,13 +290,14 @@ def infer_sampling(con, run_id: str, alpha: float) -> InferredSampling:
     stated = fetch(con, _OVERRIDES_SQL, {"run": run_id})
     per_rid = stated.filter(pc.is_valid(stated.column("rid")))
     run_wide = stated.filter(pc.is_null(stated.column("rid"))).column("temperature").to_pylist()
-    return InferredSampling(evidence.column("rid").combine_chunks(), sampling.pool_run(kinds, log_p, alpha=alpha),
+    return InferredSampling(evidence.column("rid").combine_chunks(),
+                     sampling.kind_codes(sampling.pool_run(kinds, log_p, alpha=alpha)),
                      per_rid.column("rid").combine_chunks(), column_array(per_rid, "temperature", np.float64, np.nan),
                      float(run_wide[-1]) if run_wide else None)
 
 
 def _sampling(steps: pa.Table, inferred: InferredSampling, temperature: float | None) -> tuple[np.ndarray, ...]:
-    """Per step: the temperature known (recorded, else stated), the sampling and its source.
+    """Per step: the temperature known (recorded, else stated), the sampling and its source (as codes).
 
     Stated, in order: the request's own override (an ingest map), ``temperature``
     (``estimate --temperature``), the run's stored ``ingest --temperature``.
@@ -309,10 +310,10 @@ def _sampling(steps: pa.Table, inferred: InferredSampling, temperature: float | 
         override = np.where(ocode >= 0, np.append(inferred.override_temps, np.nan)[ocode], override)
     if len(inferred.rids):
         code, _ = codes(steps.column("rid"), inferred.rids)
-        inferred = np.where(code >= 0, np.append(inferred.kinds, sampling.UNKNOWN)[code], sampling.UNKNOWN)
+        inferred = np.append(inferred.kinds, np.int8(sampling.UNKNOWN_CODE))[code]   # code -1: the unknown
     else:
-        inferred = np.full(steps.num_rows, sampling.UNKNOWN, dtype=object)
-    kind, source = sampling.resolve_sampling(recorded, override, inferred)
+        inferred = np.broadcast_to(np.int8(sampling.UNKNOWN_CODE), (steps.num_rows,))
+    kind, source = sampling.resolve_sampling_codes(recorded, override, inferred)
     return np.where(np.isnan(recorded), override, recorded), kind, source
 
 
@@ -329,6 +330,6 @@ def load_inputs(con, run_id: str, root, chunk: Chunk, gamma: int | None, *, infe
     window = column_array(steps, "verify_len", np.int64, 1) - 1
     correct = column_array(steps, "correct_drafts", np.int64, 0)
     temp, kind, source = _sampling(steps, inferred, temperature)
-    greedy = kind == sampling.GREEDY   # unknown sampling: the sampled rule
+    greedy = kind == sampling.GREEDY_CODE   # unknown sampling: the sampled rule
     aligned = aligned_evidence(con, run_id, steps, drafts, correct, chunk, used_cells(window, correct, greedy, gamma))
     return ChunkInputs(steps, drafts, conf, window, correct, greedy, aligned, temp, kind, source), mode, gamma

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 
 from dspark_obs import schema
-from dspark_obs.estimators import pairing
+from dspark_obs.estimators import pairing, sampling
 from dspark_obs.estimators.ceiling import validation as ceiling_validation
 from dspark_obs.estimators.ceiling.drafter import fit_drafter_parts
 from dspark_obs.estimators.ceiling.estimate import drafter_explains_better_parts, estimate_ceiling
@@ -81,6 +81,7 @@ class CeilingRun:
 
 
 _CATEGORY_NAMES = pa.array(CATEGORIES, pa.string())
+_KIND_NAMES, _SOURCE_NAMES = pa.array(sampling.KINDS, pa.string()), pa.array(sampling.SOURCES, pa.string())
 
 
 def _ceiling_table(steps: pa.Table, est, x: "ChunkInputs", method: str) -> pa.Table:
@@ -89,7 +90,7 @@ def _ceiling_table(steps: pa.Table, est, x: "ChunkInputs", method: str) -> pa.Ta
     cols = {name: steps.column(name) for name in ("dp_rank", "forward_ct", "segment", "rid", "workload")}
     return pa.table({
         **cols, "temperature": pa.array(x.temperature.astype(np.float32), from_pandas=True),
-        "sampling": pa.array(x.sampling, pa.string()), "sampling_source": pa.array(x.sampling_source, pa.string()),
+        "sampling": _KIND_NAMES.take(pa.array(x.sampling)), "sampling_source": _SOURCE_NAMES.take(pa.array(x.sampling_source)),
         "prefix_len": steps.column("prefix_len"), "window": pa.array(window.astype(np.int16)), "correct_drafts": pa.array(correct.astype(np.int16)),
         "censored": pa.array(est.walk.censored), "category": _CATEGORY_NAMES.take(pa.array(est.walk.category)),
         "walked": pa.array(est.walk.n_walked.astype(np.int16)),

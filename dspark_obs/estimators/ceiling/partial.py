@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dspark_obs.estimators import sampling
 from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.ceiling import stats as ceiling_stats
 from dspark_obs.estimators.ceiling import validation as ceiling_validation
@@ -58,7 +59,8 @@ class RunTotals:
         """Add one chunk's inputs ``x`` and results ``part`` (:class:`~dspark_obs.estimators.ceiling.inputs.ChunkInputs` and io's chunk result)."""
         p, al = self.partial, x.aligned
         _, first = np.unique(al.code, return_index=True)
-        for key in zip(x.sampling[first].tolist(), x.sampling_source[first].tolist()):
+        for kind, source in zip(x.sampling[first].tolist(), x.sampling_source[first].tolist()):
+            key = (sampling.KINDS[kind], sampling.SOURCES[source])
             p.sampling[key] = p.sampling.get(key, 0) + 1
         code = np.where(al.code < 0, -1, al.code + self.offset)
         self.offset += al.n_requests
