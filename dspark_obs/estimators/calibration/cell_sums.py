@@ -424,16 +424,16 @@ class _KindSums:
         """Per cell unit of ``units`` (a span or an index array) the columns the bootstrap reweights, those of
         :meth:`~.resampling.RequestSums.columns` (bin counts, prediction and label sums, then steps,
         squared errors, labels), in two blocks: whole numbers (the counts; the labels' sums too when every
-        label is 0 or 1) and the rest, each with the spans of that layout its columns fill, in order."""
+        label is 0 or 1) and the rest, each block a list of views (its ``[units, columns]`` pieces, copied
+        once, into the product's matrix), with the spans of that layout its columns fill, in order."""
         bins = (self.every_unit_bins if every else self.unit_bins)[name][:, k, units]
         steps = self.unit_steps[:, k, units]
         nb = bins.shape[-1]
         if self.whole_labels:
-            return (np.hstack([bins[0], bins[2], steps[0][:, None], steps[2][:, None]]),
-                    np.hstack([bins[1], steps[1][:, None]]),
+            return ([bins[0], bins[2], steps[0][:, None], steps[2][:, None]], [bins[1], steps[1][:, None]],
                     (slice(0, nb), slice(2 * nb, 3 * nb), slice(3 * nb, 3 * nb + 1), slice(3 * nb + 2, 3 * nb + 3)),
                     (slice(nb, 2 * nb), slice(3 * nb + 1, 3 * nb + 2)))
-        return (np.hstack([bins[0], steps[0][:, None]]), np.hstack([bins[1], bins[2], steps[1:].T]),
+        return ([bins[0], steps[0][:, None]], [bins[1], bins[2], steps[1][:, None], steps[2][:, None]],
                 (slice(0, nb), slice(3 * nb, 3 * nb + 1)), (slice(nb, 3 * nb), slice(3 * nb + 1, 3 * nb + 3)))
 
 
@@ -452,13 +452,13 @@ def _add_bootstrap(weights: np.ndarray, pending: list) -> None:
     """
     if not pending:
         return
-    whole = np.concatenate([p[2] for p in pending], axis=1)
+    whole = np.concatenate([piece for p in pending for piece in p[2]], axis=1)
     bound = weights.max(initial=0.0) * whole.sum(axis=0).max(initial=0.0)
     if bound < EXACT_FLOAT32:
         counted = (weights.astype(np.float32) @ whole.astype(np.float32)).astype(np.float64)
     else:
         counted = weights @ whole
-    summed = weights @ np.concatenate([p[3] for p in pending], axis=1)
+    summed = weights @ np.concatenate([piece for p in pending for piece in p[3]], axis=1)
     at_c = at_r = 0
     for accs, key, c, r, c_spans, r_spans in pending:
         width = sum(s.stop - s.start for s in (*c_spans, *r_spans))
@@ -471,5 +471,5 @@ def _add_bootstrap(weights: np.ndarray, pending: list) -> None:
             total = acc.setdefault(key, np.zeros((weights.shape[0], width)))
             for columns, block in parts:
                 total[:, columns] += block
-        at_c += c.shape[1]
-        at_r += r.shape[1]
+        at_c += sum(piece.shape[1] for piece in c)
+        at_r += sum(piece.shape[1] for piece in r)
