@@ -4,9 +4,14 @@ the same numbers to float round-off, on random inputs and on a small generated s
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dspark_obs.estimators.ceiling import drafter as cd
+from dspark_obs.estimators.ceiling.inputs import codes
 
 
 def _reference_q(m: cd.DrafterMap, confidence: np.ndarray, z: float = 0.0) -> np.ndarray:
@@ -194,3 +199,21 @@ def test_evidence_of_the_used_cells_is_the_full_evidence_there():
         a, b = getattr(part, name), getattr(full, name)
         assert np.array_equal(a[cells], b[cells], equal_nan=True), name
     assert np.isnan(part.p_draft[~cells]).all() and (part.topk_state[~cells] == 0).all()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([None, "r0", "r1", "r2", "r3"]), st.integers(1, 6)), max_size=30),
+       st.booleans())
+def test_codes_of_runs_of_values_are_the_lookup_of_every_value(runs, with_dictionary):
+    """``codes`` looks up the first value of each run: the same codes (and dictionary) as hashing every value."""
+    values = pa.chunked_array([pa.array([v for v, k in runs for _ in range(k)], pa.string())])
+    dictionary = pa.array(["r1", "r3", "r9"]) if with_dictionary else None
+    got, got_dictionary = codes(values, dictionary)
+    flat = values.combine_chunks()
+    if dictionary is None:
+        encoded = pc.dictionary_encode(flat)
+        expected, expected_dictionary = pc.fill_null(encoded.indices, -1), encoded.dictionary
+    else:
+        expected, expected_dictionary = pc.fill_null(pc.index_in(flat, value_set=dictionary), -1), dictionary
+    assert got.tolist() == expected.to_pylist()
+    assert got_dictionary.equals(expected_dictionary)

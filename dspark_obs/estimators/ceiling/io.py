@@ -299,7 +299,7 @@ def replace_results(store, run_id: str, ceiling_parts, summary: pa.Table, valida
 @dataclass
 class _ChunkResult:
     ceiling: pa.Table
-    workload: np.ndarray
+    workload: tuple            # (each step's code, the names)
     summary_columns: dict
     known_sums: dict           # validation sums over every step with a truth
     group_sums: dict           # validation sums of the censored steps with a truth, per group but the bins
@@ -317,7 +317,6 @@ def _estimate_chunk(con, run_id: str, x: ChunkInputs, chunk: Chunk, *, mode: str
                            use_drafter=model.use_drafter, binned_prior=model.binned)
     ceiling = _ceiling_table(x.steps, est, x, method)
     workload_names, workload_code = workload_codes(x.steps)
-    workload = workload_names[workload_code]
     truth, source = truth_of(con, run_id, x.steps, mode, companion, chunk)
     censored = est.walk.censored
     emu = np.where(censored, column_array(x.steps, "emu_expected_given_window", np.float64, np.nan), np.nan)
@@ -330,7 +329,7 @@ def _estimate_chunk(con, run_id: str, x: ChunkInputs, chunk: Chunk, *, mode: str
     # only the bins, which rank the whole run's steps, need the kept steps.
     groups = ceiling_validation.label_group_sums(**kept, category=est.walk.category[base], category_names=CATEGORIES,
                                       workload=workload_code[base], workload_names=workload_names)
-    return _ChunkResult(ceiling, workload, {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
+    return _ChunkResult(ceiling, (workload_code, workload_names), {"censored": censored, "lo": est.lo, "mid": est.mid, "hi": est.hi},
                         ceiling_validation.stat_sums(est.lo, est.mid, est.hi, truth, emu, known, x.greedy), groups, kept,
                         base, source)
 

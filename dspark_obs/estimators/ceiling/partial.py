@@ -72,7 +72,9 @@ class RunTotals:
         p.misaligned += [(int(where[i]), str(names[i])) for i in al.misaligned_codes]
         p.source = p.source or part.source
         p.rows += x.steps.num_rows
-        self.totals.append(ceiling_stats.request_totals(code, part.workload, acc_len=x.correct + 1.0,
+        workload, workload_names = part.workload
+        self.totals.append(ceiling_stats.request_totals(code, workload, workload_names=workload_names,
+                                                        acc_len=x.correct + 1.0,
                                                         window=x.window, key=keys[al.code], **part.summary_columns))
         p.all_sums = ceiling_validation.add_stat_sums(p.all_sums, part.known_sums)
         p.groups = ceiling_validation.add_label_group_sums(p.groups, part.group_sums)

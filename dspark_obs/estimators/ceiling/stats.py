@@ -39,9 +39,13 @@ def _groups(labels: np.ndarray) -> list[tuple[str, np.ndarray]]:
     return groups
 
 
-def label_codes(labels) -> tuple[np.ndarray, np.ndarray]:
+def label_codes(labels, names=None) -> tuple[np.ndarray, np.ndarray]:
     """``(names, codes)``: the labels as text, sorted, and each label's index among them (``np.unique`` of the
-    text, by hashing the labels once instead of sorting a fixed-width text copy of every label)."""
+    text, by hashing the labels once instead of sorting a fixed-width text copy of every label).  With
+    ``names``, ``labels`` are codes into them (a chunk's workloads: no label per step is made or hashed)."""
+    if names is not None:
+        text, of_name = np.unique(np.asarray(names, dtype=str), return_inverse=True)
+        return text, of_name.reshape(-1)[np.asarray(labels, dtype=np.int64)]
     labels = np.asarray(labels, dtype=object)
     if not labels.size:
         return np.zeros(0, str), np.zeros(0, np.int64)
@@ -132,10 +136,11 @@ class RequestTotals:
 
 def request_totals(request: np.ndarray, workload: np.ndarray, *, acc_len: np.ndarray, window: np.ndarray,
                    censored: np.ndarray, lo: np.ndarray, mid: np.ndarray, hi: np.ndarray,
-                   key: np.ndarray) -> RequestTotals:
-    """Sum each request's steps (in row order, as one pass over the run would); ``key`` per step."""
+                   key: np.ndarray, workload_names: np.ndarray | None = None) -> RequestTotals:
+    """Sum each request's steps (in row order, as one pass over the run would); ``key`` per step.
+    ``workload``: labels, or codes into ``workload_names``."""
     request = np.asarray(request, dtype=np.int64)
-    names, wl = label_codes(workload)
+    names, wl = label_codes(workload, workload_names)
     keys, first, inv = np.unique(request * max(1, names.size) + wl.reshape(-1) if request.size else request,
                                  return_index=True, return_inverse=True)
     inv = inv.reshape(-1)

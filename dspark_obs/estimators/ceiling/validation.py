@@ -151,8 +151,8 @@ def label_group_sums(lo, mid, hi, truth, emu, *, category, workload, greedy, cat
     chunk's are summed where it was estimated.  Arguments as :func:`validate_parts`'s."""
     greedy = np.asarray(greedy, dtype=bool)
     sampling = (np.array(["greedy", "temperature"]), (~greedy).astype(np.int8))   # the names sorted, as text
-    kinds = {"sampling": sampling, "category": _coded(category, category_names),
-             "workload": _coded(workload, workload_names)}
+    kinds = {"sampling": sampling, "category": label_codes(category, category_names),
+             "workload": label_codes(workload, workload_names)}
     groupings = [(np.zeros(greedy.size, np.int8), 1)] + [(codes, names.size) for names, codes in kinds.values()]
     overall, *totals = _sums_by_codes(lo, mid, hi, truth, emu, greedy, groupings)
     out = {("overall", ALL): _as_sums(overall[0])}
@@ -201,14 +201,6 @@ def bin_sums(lo, mid, hi, truth, emu, greedy, codes, n_codes: int) -> np.ndarray
     (total,) = _sums_by_codes(lo, mid, hi, truth, emu, np.asarray(greedy, dtype=bool),
                               [(np.asarray(codes), n_codes)])
     return total
-
-
-def _coded(labels, names) -> tuple[np.ndarray, np.ndarray]:
-    """``(names, codes)`` as :func:`~.stats.label_codes` gives them, of labels, or of codes into ``names``."""
-    if names is None:
-        return label_codes(labels)
-    text, of_name = np.unique(np.asarray(names, dtype=str), return_inverse=True)
-    return text, of_name.reshape(-1)[np.asarray(labels, dtype=np.int64)]
 
 
 _SUMS = ("n", "coverage_n", "coverage", "lo", "mid", "hi", "truth", "bias", "mae",
