@@ -140,6 +140,25 @@ def commands(root: str, out: str) -> dict:
     return res
 
 
+JOBS_PAIRS = 3
+"""Runs of ``estimate --jobs 1`` and of the default (all cores) at the largest size, alternating: the ratio of
+their median walls.  One run of each spread 1.55-1.81x on one otherwise idle machine (bench/RESULTS.md)."""
+
+
+def jobs_pairs(root: str, first: dict, pairs: int = JOBS_PAIRS) -> dict:
+    """Walls of ``estimate --jobs 1`` and of the default, ``pairs`` runs each, alternating; ``first`` (the
+    :func:`commands` of the store) gives the first run of each.  Fewer when a run fails."""
+    walls = {"estimate_jobs1": [first["estimate_jobs1"]["wall"]], "estimate": [first["estimate"]["wall"]]}
+    for _ in range(pairs - 1):
+        for name, jobs in (("estimate", []), ("estimate_jobs1", ["--jobs", "1"])):
+            r = run_process(_cli() + ["estimate", "--data", root, "--run", "bench", *jobs], repeat=1, timeout=7200)
+            if "error" in r:
+                n = min(len(w) for w in walls.values())
+                return {k: w[:n] for k, w in walls.items()}
+            walls[name].append(r["wall"][0])
+    return walls
+
+
 def _slope(xs: list[float], ys: list[float]) -> float | None:
     if len(xs) < 2:
         return None
@@ -195,9 +214,15 @@ def run(*, quick: bool, workdir: str, sizes: list[int] | None = None, memory_cap
         one = r.get("estimate_jobs1", {})
         if "cpu" in one:   # --jobs: the default (all cores) against one process, wall rows/s
             res[f"estimate.jobs1_cpu_s.{size}"] = round(one["cpu"], 2)
-            res["estimate.jobs1_wall_rows_per_s"] = round(rows / one["wall"])
-            res["estimate.wall_rows_per_s"] = round(rows / est["wall"])
-            res["estimate.jobs_speedup"] = round(one["wall"] / est["wall"], 2)
+            walls = jobs_pairs(root, r) if size == sizes[-1] else {"estimate_jobs1": [one["wall"]],
+                                                                   "estimate": [est["wall"]]}
+            one_wall, all_wall = (float(np.median(walls[name])) for name in ("estimate_jobs1", "estimate"))
+            res["estimate.jobs1_wall_rows_per_s"] = round(rows / one_wall)
+            res["estimate.wall_rows_per_s"] = round(rows / all_wall)
+            res["estimate.jobs_speedup"] = round(one_wall / all_wall, 2)
+            pairs = [a / b for a, b in zip(walls["estimate_jobs1"], walls["estimate"])]
+            res["estimate.jobs_pairs"] = len(pairs)
+            res["estimate.jobs_speedup_min"], res["estimate.jobs_speedup_max"] = round(min(pairs), 2), round(max(pairs), 2)
         res[f"estimate.calibrate_cpu_s.{size}"] = round(cal["cpu"], 2)
         if "report" in r and "error" not in r["report"]:
             res[f"estimate.report_cpu_s.{size}"] = round(r["report"]["cpu"], 2)

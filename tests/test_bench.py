@@ -142,6 +142,9 @@ def test_the_shipped_commands_run_on_generated_stores(small_store, tmp_path):
     assert set(out) == {"estimate_jobs1", "estimate", "calibrate", "report"}
     assert all("error" not in r and r["cpu"] > 0 and r["peak_mb"] > 0 for r in out.values()), out
     assert list((tmp_path / "report").glob("*.md"))
+    walls = estimate.jobs_pairs(str(small_store), out, pairs=2)   # the --jobs ratio's runs, alternating
+    assert walls["estimate_jobs1"][0] == out["estimate_jobs1"]["wall"] and walls["estimate"][0] == out["estimate"]["wall"]
+    assert all(len(w) == 2 and min(w) > 0 for w in walls.values()), walls
     from dspark_obs import sql
 
     con = sql.connect(small_store)
