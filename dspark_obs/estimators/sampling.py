@@ -137,7 +137,7 @@ def resolve_sampling_codes(recorded: np.ndarray, override: np.ndarray,
                            inferred: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """:func:`resolve_sampling` in codes: ``inferred`` and the kinds as codes in :data:`KINDS`, the sources
     as codes in :data:`SOURCES` (int8 each).  A chunk's steps are resolved this way: names cost a Python
-    object per step, to fill, compare and write (19 ms per 150k steps, against under 1 ms)."""
+    object per step, to fill, compare and write (19 ms per 150k steps, against 1.8 ms in codes)."""
     recorded = np.asarray(recorded, dtype=np.float64)
     override = np.asarray(override, dtype=np.float64)
     has_recorded, has_override = ~np.isnan(recorded), ~np.isnan(override)

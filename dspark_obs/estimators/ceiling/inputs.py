@@ -74,8 +74,13 @@ def codes(values: pa.ChunkedArray, dictionary: pa.Array | None = None) -> tuple[
                                   ).to_numpy(zero_copy_only=False)
         heads = np.flatnonzero(change)
         if heads.size * 4 <= n:
-            head_codes, dictionary = codes(values.take(pa.array(heads)), dictionary)
+            head_codes, dictionary = _looked_up(values.take(pa.array(heads)), dictionary)
             return np.repeat(head_codes, np.diff(np.append(heads, n))), dictionary
+    return _looked_up(values, dictionary)
+
+
+def _looked_up(values: pa.Array, dictionary: pa.Array | None) -> tuple[np.ndarray, pa.Array]:
+    """:func:`codes` by hashing every value (the heads of runs, or values that rarely repeat in a row)."""
     if dictionary is None:
         enc = pc.dictionary_encode(values)
         dictionary = enc.dictionary
