@@ -209,3 +209,16 @@ def test_the_firehose_stamps_every_step_and_its_dumper_encodes_like_the_emulator
     assert [len(r.records) for r in info.ranks] == [5, 5] and not any(r.dead for r in info.ranks)
     hose.clear()
     assert [len(p["records"]) for p in hose.dump()] == [0, 0]
+
+
+def test_the_compaction_benchmark_times_both_layouts_and_compares_their_estimates(tmp_path):
+    from bench import compact
+
+    out = compact.run(workdir=str(tmp_path), rows=8_000, block_requests=64, repeat=1)
+    assert "compact.error" not in out, out
+    assert out["compact.files_before"] > out["compact.files_after"] == 1
+    assert out["compact.same_ceiling"] is True
+    for command in ("estimate", "calibrate"):
+        assert out[f"compact.{command}_fragmented_cpu_s"] > 0 and out[f"compact.{command}_compacted_cpu_s"] > 0
+        assert out[f"compact.{command}_speedup"] == round(out[f"compact.{command}_fragmented_cpu_s"]
+                                                          / out[f"compact.{command}_compacted_cpu_s"], 3)
