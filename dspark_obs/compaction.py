@@ -36,7 +36,7 @@ from dspark_obs.schema import conform, schema_for
 from dspark_obs.store import Store, validate_run_id
 
 __all__ = ["TABLES", "FILE_ROWS", "Compaction", "rid_ranges", "needs_compaction", "compact_run",
-           "finish_interrupted"]
+           "finish_interrupted", "fragmented_tables", "interrupted_tables"]
 
 TABLES = ("step_reqs", "tokens", "requests")
 """The request tables a run's chunks read by rid (results are written per chunk, already in rid ranges)."""
@@ -151,6 +151,31 @@ def finish_interrupted(store: Store, table: str, run_id: str) -> int:
     for staged in partition.glob(f"_staged-{_BATCH_PREFIX}*"):
         store.discard_staged(table, run_id, staged.name.removeprefix("_staged-"))
     return len(journals)
+
+
+def fragmented_tables(store: Store, run_id: str, *, file_rows: int = FILE_ROWS) -> dict[str, tuple[int, int]]:
+    """``{table: (files, files once compacted)}`` for each of :data:`TABLES` of ``run_id`` that
+    :func:`compact_run` would rewrite (read from the files' footers only)."""
+    out = {}
+    for table in TABLES:
+        files = store.part_files(table, run_id, fleet_layout=False)
+        if len(files) < 2:
+            continue
+        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
+        planned = max(1, -(-rows // file_rows))
+        if needs_compaction([_rid_bounds(p) for p in files], planned=planned):
+            out[table] = (len(files), planned)
+    return out
+
+
+def interrupted_tables(store: Store, run_id: str) -> list[str]:
+    """The tables of ``run_id`` where a compaction was interrupted (the next :func:`compact_run` finishes it)."""
+    out = []
+    for table in TABLES:
+        partition = Path(store.root) / table / f"run_id={validate_run_id(run_id)}"
+        if any(partition.glob(f"{_JOURNAL_PREFIX}*.json")) or any(partition.glob(f"_staged-{_BATCH_PREFIX}*")):
+            out.append(table)
+    return out
 
 
 _COUNTS_SQL = ("SELECT rid, count(*) AS n FROM read_parquet({files}, hive_partitioning = false) "

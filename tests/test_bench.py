@@ -174,13 +174,13 @@ def test_the_loop_baseline_is_sglangs_rule_on_a_hand_case():
 def test_run_all_writes_its_figures(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all"), "--tiny", "--only",
-                           "ingest,collect,estimate", "--json", str(out)], cwd=ROOT, capture_output=True,
+                           "ingest,collect,estimate,compact", "--json", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=1800)  # a hang guard, not a speed check
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     for key in ("ingest.rows_per_s", "ingest.baseline_rows_per_s", "ingest.ratio", "ingest.peak_mb",
                 "collect.gaps", "collect.step_loop_slowdown", "estimate.rows_per_s", "estimate.ratio",
-                "estimate.peak_mb", "estimate.scaling_exponent"):
+                "estimate.peak_mb", "estimate.scaling_exponent", "compact.estimate_speedup"):
         assert key in res, (key, {k: v for k, v in res.items() if "error" in k})
     assert res["collect.dead_letters"] == 0
     # the firehose: the collector stored every forward_ct it covered, each a full batch

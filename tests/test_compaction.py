@@ -192,3 +192,31 @@ def test_compacted_files_are_written_with_the_store_options(tmp_path):
     compact_run(store, RUN, ("tokens",), file_rows=70)
     meta = pq.ParquetFile(store.part_files("tokens", RUN)[0]).metadata
     assert meta.row_group(0).column(0).compression == "ZSTD"
+
+
+def _doctor(root) -> tuple[int, dict]:
+    result = runner.invoke(app, ["doctor", "--data", str(root), "--json"])
+    return result.exit_code, {f["code"]: f for f in json.loads(result.stdout)["findings"]}
+
+
+def test_doctor_points_a_fragmented_run_and_an_interrupted_compaction_to_compact(tmp_path, monkeypatch):
+    import datetime as dt
+
+    store = Store(tmp_path)
+    _write_batches(store)
+    now = dt.datetime.now(dt.timezone.utc)
+    store.upsert_run(RUN, started_at=now, ended_at=now, source="import")
+    code, found = _doctor(tmp_path)
+    assert code == 0 and found["fragmented_run"]["severity"] == "info"
+    assert "tokens 6 files (1 once compacted)" in found["fragmented_run"]["what"]
+    assert f"dspark-obs compact --data {tmp_path} --run {RUN}" in found["fragmented_run"]["fix"]
+    monkeypatch.setattr(compaction, "_finish", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt):
+        compact_run(store, RUN, ("tokens",))
+    monkeypatch.undo()
+    code, found = _doctor(tmp_path)
+    assert code == 1 and found["compaction_interrupted"]["severity"] == "warn"
+    assert "tokens" in found["compaction_interrupted"]["what"]
+    compact_run(store, RUN)
+    code, found = _doctor(tmp_path)
+    assert code == 0 and "fragmented_run" not in found and "compaction_interrupted" not in found

@@ -6,8 +6,9 @@ Three things to check, any together:
   short, a run whose collector died before closing it, a hidden ``.tmp`` a
   ``kill -9`` left — do not show in query results; they show as numbers that
   are quietly short.  The doctor sweeps unreadable files into quarantine (the
-  same sweep every reader does), lists them, and lists unclosed runs and
-  leftover temporary files.
+  same sweep every reader does), lists them, and lists unclosed runs,
+  leftover temporary files, interrupted compactions, and closed runs left in
+  many files of overlapping rids (``dspark-obs compact`` rewrites them).
 * ``--data --run R``: the run's trimming health (:mod:`dspark_obs.health`):
   trimming active, trim ratio and regret, acceptance with the right
   denominator, expected vs actual acceptance, cost-table fit, padding.
@@ -98,7 +99,8 @@ def _limits(path: Optional[Path]):
 
 
 def _store_findings(data: Path, mark_crashed_after: Optional[float]) -> list:
-    """Quarantined files, unclosed runs and leftover .tmp files, each a ``warn`` finding."""
+    """Quarantined files, unclosed runs, leftover .tmp files and interrupted compactions, each a ``warn``
+    finding; fragmented runs, ``info``."""
     # at call time: the CLI imports every command module to declare its options
     from collectors.sglang import runlife
     from dspark_obs import quarantine
@@ -125,12 +127,38 @@ def _store_findings(data: Path, mark_crashed_after: Optional[float]) -> list:
                                "has no ended_at",
                                fix=f"if its collector is gone, `dspark-obs collect --run-id {row['run_id']} "
                                    "--resume ...` marks it crashed (at its last committed file) and continues it"))
+    out += _layout_findings(store, [r for r in store.read("runs").to_pylist() if r.get("ended_at") is not None])
     for tmp in sorted(Path(data).glob("*/run_id=*/.*.tmp")):
         out.append(Finding("warn", "leftover_tmp", f"leftover temporary file (a write interrupted by a crash; "
                            f"readers ignore it): {tmp}", fix="delete it"))
-    if not out:
+    if not [f for f in out if f.severity != "info"]:
         out.append(Finding("ok", "store", f"{data}: no unreadable files, no unclosed runs, no leftover "
                            "temporary files"))
+    return out
+
+
+def _layout_findings(store, closed_runs: list[dict]) -> list:
+    """Per closed run: an interrupted compaction (``warn``), request tables left in many overlapping files
+    (``info``: every estimator chunk then opens them all)."""
+    # at call time: the CLI imports every command module to declare its options
+    from dspark_obs import compaction
+    from dspark_obs.health import Finding
+
+    out = []
+    for row in closed_runs:
+        run_id = row["run_id"]
+        fix = f"`dspark-obs compact --data {store.root} --run {run_id}`"
+        stopped = compaction.interrupted_tables(store, run_id)
+        if stopped:
+            out.append(Finding("warn", "compaction_interrupted", f"run {run_id}: a compaction of "
+                               f"{', '.join(stopped)} was interrupted (its old files are still read)",
+                               fix=f"{fix} finishes it"))
+        spread = compaction.fragmented_tables(store, run_id)
+        if spread:
+            files = ", ".join(f"{t} {n} files ({k} once compacted)" for t, (n, k) in spread.items())
+            out.append(Finding("info", "fragmented_run", f"run {run_id}: {files}, their rid ranges overlapping: "
+                               "each estimator chunk opens them all", fix=f"{fix} (once; reads then open a "
+                               "file or two per chunk)"))
     return out
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from dspark_obs import run_files
 from dspark_obs.keys import stable_keys
 
 __all__ = ["Chunk", "plan_chunks", "split_chunks", "dealt_groups", "equal_chunks", "sample_requests", "shard_requests", "rid_hash", "DEFAULT_CHUNK_ROWS",
@@ -59,6 +60,33 @@ class Chunk:
     def on(self, column: str) -> str:
         """The predicate applied to ``column`` (e.g. ``s.rid``)."""
         return self.where.format(rid=column)
+
+    def rid_ranges(self) -> tuple[list[tuple[str, str]] | None, bool]:
+        """The chunk's rids as inclusive ranges (None: every rid), and whether it holds steps without one.
+
+        >>> Chunk("{rid} BETWEEN $chunk_lo AND $chunk_hi", {"chunk_lo": "a", "chunk_hi": "c"}).rid_ranges()
+        ([('a', 'c')], False)
+        >>> ALL.rid_ranges(), Chunk("{rid} IS NULL").rid_ranges()
+        ((None, True), ([], True))
+        """
+        if self.where in ("TRUE", "FALSE", "{rid} IS NULL"):
+            return (None, True) if self.where == "TRUE" else ([], self.where != "FALSE")
+        if "chunk_rids" in self.params:
+            rids = self.params["chunk_rids"]
+            return ([(min(rids), max(rids))] if rids else []), False
+        ranges = [(v, self.params[k.replace("_lo", "_hi", 1)]) for k, v in self.params.items()
+                  if k.endswith("_lo") or "_lo_" in k]
+        return (ranges or None), False
+
+    def sources(self, con, run_id: str, *tables: str) -> tuple[dict[str, str], dict]:
+        """``({table: FROM text}, parameters)`` reading only the files of ``tables`` that may hold the chunk's
+        rids (:func:`dspark_obs.run_files.source`); each query formats its ``FROM`` with them."""
+        ranges, nulls = self.rid_ranges()
+        froms, params = {}, {}
+        for table in tables:
+            froms[table], more = run_files.source(con, table, run_id, ranges, nulls, f"files_{table}")
+            params.update(more)
+        return froms, params
 
 
 ALL = Chunk("TRUE")

@@ -22,7 +22,7 @@ _REQUESTS_SQL = """
 SELECT rid, any_value(workload) AS workload, any_value(temperature) AS temperature,
        any_value(prompt_tokens) AS prompt_tokens, any_value(completion_tokens) AS completion_tokens,
        any_value(finish_reason) AS finish_reason
-FROM requests WHERE run_id = $run AND rid IS NOT NULL AND {requests_rid} GROUP BY rid
+FROM {requests} WHERE run_id = $run AND rid IS NOT NULL AND {requests_rid} GROUP BY rid
 """
 
 
@@ -35,8 +35,9 @@ class RunRequests:
 
     @classmethod
     def read(cls, con, run_id: str, chunk: Chunk = ALL) -> "RunRequests":
-        table = con.sql(_REQUESTS_SQL.format(requests_rid=chunk.on("rid")),
-                        params={"run": run_id, **chunk.params}).to_arrow_table()
+        froms, files = chunk.sources(con, run_id, "requests")
+        table = con.sql(_REQUESTS_SQL.format(requests_rid=chunk.on("rid"), **froms),
+                        params={"run": run_id, **chunk.params, **files}).to_arrow_table()
         table = table.take(pc.sort_indices(table, [("rid", "ascending")]))
         return cls(table, table.column("rid").to_numpy(zero_copy_only=False))
 

@@ -187,7 +187,7 @@ class RunReads:
 
 
 def _load(con, plan: RunPlan, run_id: str, labels: str, chunk: Chunk, requests: RunRequests):
-    table = events.fetch(con, events.events_sql(plan.query, chunk), {**plan.params, **chunk.params})
+    table = events.fetch(con, *events.chunk_events_sql(con, plan.query, plan.params, chunk))
     return events.events_of(table, run_id, labels, plan.mode, plan.gamma, plan.source, requests)
 
 

@@ -34,12 +34,12 @@ _STEPS_SQL = """
 SELECT s.dp_rank, s.forward_ct, s.segment, s.rid, s.prefix_len, s.verify_len, s.correct_drafts,
        s.cap_trim, s.bonus_token, s.draft_tokens, s.confidence, s.emu_block_accept,
        s.emu_expected_given_window
-FROM step_reqs AS s
+FROM {step_reqs} AS s
 WHERE s.run_id = $run AND {steps_rid}
 """
 STEP_ORDER = ("rid", "prefix_len", "dp_rank", "forward_ct")
 """The order of a chunk's steps: by request, anchor, rank and step (a request's walk reads them in turn)."""
-_TOKENS_SQL = ("SELECT rid, pos, token_id, logprob, top_ids, top_logprobs FROM tokens "
+_TOKENS_SQL = ("SELECT rid, pos, token_id, logprob, top_ids, top_logprobs FROM {tokens} "
                "WHERE run_id = $run AND {tokens_rid}")
 _PAIRED_SQL = ("SELECT rid, dp_rank, forward_ct, true_block_accept FROM ({paired}) AS p "
                "WHERE p.same_drafts AND {paired_rid}")
@@ -156,7 +156,8 @@ def load_steps(con, run_id: str, root, chunk: Chunk = ALL, *, gamma: int | None 
                requests: RunRequests | None = None) -> tuple[pa.Table, str, int]:
     """One chunk's steps (default: the whole run) in :data:`STEP_ORDER`, with their request's columns
     (``requests``: the run's, read once; default: the chunk's, read here)."""
-    steps = fetch(con, _STEPS_SQL.format(steps_rid=chunk.on("s.rid")), {"run": run_id, **chunk.params})
+    froms, files = chunk.sources(con, run_id, "step_reqs")
+    steps = fetch(con, _STEPS_SQL.format(steps_rid=chunk.on("s.rid"), **froms), {"run": run_id, **chunk.params, **files})
     if steps.num_rows == 0 and chunk.where == "TRUE":
         run_rids(con, run_id, root)  # raises LookupError with the runs that have steps
     steps = in_step_order(steps)
@@ -218,7 +219,8 @@ def aligned_evidence(con, run_id: str, steps: pa.Table, drafts: np.ndarray, corr
     prompt = column_array(steps, "prompt_tokens", np.float64, np.nan)
     first_pos = prefix - np.where(np.isnan(prompt), first_seen[slot], prompt).astype(np.int64) + 1
 
-    tokens = fetch(con, _TOKENS_SQL.format(tokens_rid=chunk.on("rid")), {"run": run_id, **chunk.params})
+    froms, files = chunk.sources(con, run_id, "tokens")
+    tokens = fetch(con, _TOKENS_SQL.format(tokens_rid=chunk.on("rid"), **froms), {"run": run_id, **chunk.params, **files})
     tcode, _ = codes(tokens.column("rid"), rids)
     if (tcode < 0).any():  # tokens of requests without steps here (a copy of their top-k lists: only then)
         tokens, tcode = tokens.filter(pa.array(tcode >= 0)), tcode[tcode >= 0]
