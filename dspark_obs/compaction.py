@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dspark_obs import sql
+from dspark_obs.run_files import FileRids, rid_stats
 from dspark_obs.schema import conform, schema_for
 from dspark_obs.store import Store, validate_run_id
 
@@ -81,34 +82,16 @@ def rid_ranges(counts: np.ndarray, *, file_rows: int = FILE_ROWS) -> list[tuple[
     return [r for r in ranges if r[1] > r[0]]
 
 
-def needs_compaction(rid_bounds: list[tuple[str | None, str | None]], *, planned: int) -> bool:
-    """Whether files with these ``(min rid, max rid)`` bounds should be rewritten as ``planned`` files: when
-    there are more of them than that, or when their rid ranges overlap (a chunk would open several)."""
-    if len(rid_bounds) > planned:
+def needs_compaction(files: list[FileRids], *, planned: int) -> bool:
+    """Whether these files should be rewritten as ``planned`` files: when there are more of them than that,
+    or when their rid ranges overlap (a chunk would open several); a file without statistics may hold any
+    rid, and rows without a rid sort last, so two files holding them overlap too."""
+    if len(files) > planned:
         return True
-    bounds = sorted((lo, hi) for lo, hi in rid_bounds if lo is not None and hi is not None)
-    if len(bounds) < len(rid_bounds) - 1:
-        return True   # more than one file with null rids only
+    if any(f.lo == "" and f.hi is None for f in files) or sum(f.nulls for f in files) > 1:
+        return True
+    bounds = sorted((f.lo, f.hi) for f in files if f.lo is not None)
     return any(nxt[0] <= cur[1] for cur, nxt in zip(bounds, bounds[1:]))
-
-
-def _rid_bounds(path: str) -> tuple[str | None, str | None]:
-    """A part file's smallest and largest rid, from its footer (None: no statistics, or no rid at all)."""
-    meta = pq.ParquetFile(path).metadata
-    names = meta.schema.to_arrow_schema().names
-    if "rid" not in names:
-        return None, None
-    col = names.index("rid")
-    lo = hi = None
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(col).statistics
-        if stats is None or not stats.has_min_max:
-            if meta.row_group(g).num_rows and (stats is None or stats.null_count != meta.row_group(g).num_rows):
-                return None, None
-            continue
-        lo = stats.min if lo is None else min(lo, stats.min)
-        hi = stats.max if hi is None else max(hi, stats.max)
-    return lo, hi
 
 
 def _journal(partition: Path, batch: str) -> Path:
@@ -163,7 +146,7 @@ def fragmented_tables(store: Store, run_id: str, *, file_rows: int = FILE_ROWS) 
             continue
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
         planned = max(1, -(-rows // file_rows))
-        if needs_compaction([_rid_bounds(p) for p in files], planned=planned):
+        if needs_compaction([rid_stats(p, table) for p in files], planned=planned):
             out[table] = (len(files), planned)
     return out
 
@@ -209,7 +192,7 @@ def compact_run(store: Store, run_id: str, tables=TABLES, *, file_rows: int = FI
             con.close()
         rows = int(pc.sum(counts.column("n")).as_py() or 0)
         ranges = rid_ranges(counts.column("n").to_numpy(), file_rows=file_rows)
-        if not needs_compaction([_rid_bounds(p) for p in files], planned=len(ranges)):
+        if not needs_compaction([rid_stats(p, table) for p in files], planned=len(ranges)):
             done.append(Compaction(table, len(files), len(files), rows, sizes, sizes))
             continue
         batch = f"{_BATCH_PREFIX}{secrets.token_hex(4)}"

@@ -28,7 +28,7 @@ from dspark_obs import schema
 from dspark_obs.sql import root_of
 from dspark_obs.store import Store
 
-__all__ = ["FileRids", "file_rids", "overlapping", "source"]
+__all__ = ["FileRids", "rid_stats", "file_rids", "overlapping", "source"]
 
 
 @dataclass(frozen=True)
@@ -69,14 +69,19 @@ def _footer(path: str, mtime_ns: int, size: int, table: str) -> FileRids:
     return FileRids(path, lo, hi, nulls, plain)
 
 
+def rid_stats(path: str, table: str) -> FileRids:
+    """The :class:`FileRids` of one part file of ``table`` (its footer read once per process)."""
+    st = os.stat(path)
+    return _footer(path, st.st_mtime_ns, st.st_size, table)
+
+
 def file_rids(root: str | Path, table: str, run_id: str) -> list[FileRids]:
     """Every part file of ``table`` for ``run_id`` that the table's view reads, with its rid statistics (none
     when a file cannot be read: a chunk then reads through the view)."""
     out = []
     for path in Store(root).part_files(table, run_id):
         try:
-            st = os.stat(path)
-            out.append(_footer(path, st.st_mtime_ns, st.st_size, table))
+            out.append(rid_stats(path, table))
         except (OSError, pa.ArrowInvalid):
             return []   # moved aside or damaged: the view's reader deals with it (dspark_obs.quarantine)
     return out

@@ -18,6 +18,7 @@ from bench.gen_store import generate
 from dspark_obs import compaction
 from dspark_obs.cli import app
 from dspark_obs.compaction import compact_run, needs_compaction, rid_ranges
+from dspark_obs.run_files import FileRids, rid_stats
 from dspark_obs.store import Store
 
 runner = CliRunner()
@@ -52,17 +53,17 @@ def _by_rid_in_order(table: pa.Table, order: str) -> dict:
     return out
 
 
-def _disjoint(files: list[str]) -> bool:
-    bounds = [compaction._rid_bounds(p) for p in files]   # noqa: SLF001 - the footers are what a reader prunes by
-    named = sorted(b for b in bounds if b[0] is not None)
-    return all(b[0] > a[1] for a, b in zip(named, named[1:]))
+def _disjoint(files: list[str], table: str) -> bool:
+    stats = [rid_stats(p, table) for p in files]   # the footers are what a reader prunes by
+    named = sorted((f.lo, f.hi) for f in stats if f.lo is not None)
+    return all(b[0] > a[1] for a, b in zip(named, named[1:])) and sum(f.nulls for f in stats) <= 1
 
 
 def test_compaction_keeps_every_row_in_request_order_in_disjoint_files(tmp_path):
     store = Store(tmp_path)
     _write_batches(store)
     before = {t: store.read(t, RUN) for t in ("tokens", "step_reqs")}
-    assert len(store.part_files("tokens", RUN)) == 6 and not _disjoint(store.part_files("tokens", RUN))
+    assert len(store.part_files("tokens", RUN)) == 6 and not _disjoint(store.part_files("tokens", RUN), "tokens")
     done = {c.table: c for c in compact_run(store, RUN, file_rows=70)}
     for table, order in (("tokens", "pos"), ("step_reqs", "forward_ct")):
         after = store.read(table, RUN)
@@ -70,7 +71,7 @@ def test_compaction_keeps_every_row_in_request_order_in_disjoint_files(tmp_path)
         assert _by_rid_in_order(after, order) == _by_rid_in_order(before[table], order)
         files = store.part_files(table, RUN)
         assert done[table].files_before == 6 and done[table].files_after == len(files) < 6
-        assert _disjoint(files)
+        assert _disjoint(files, table)
     assert not [n for n in os.listdir(tmp_path / "tokens" / f"run_id={RUN}") if not n.startswith("part-")]
 
 
@@ -101,7 +102,7 @@ def test_a_crash_after_the_journal_is_finished_by_the_next_compaction(tmp_path, 
     monkeypatch.undo()
     assert compaction.finish_interrupted(store, "tokens", RUN) == 1
     after = store.read("tokens", RUN)
-    assert after.num_rows == before.num_rows and _disjoint(store.part_files("tokens", RUN))
+    assert after.num_rows == before.num_rows and _disjoint(store.part_files("tokens", RUN), "tokens")
     assert sorted(os.listdir(partition)) == sorted(os.path.basename(p) for p in store.part_files("tokens", RUN))
 
 
@@ -142,10 +143,13 @@ def test_rid_ranges_cover_every_rid_once_within_the_size(counts, file_rows):
 
 
 def test_needs_compaction_on_overlap_or_too_many_files():
-    assert not needs_compaction([("a", "c"), ("d", "f")], planned=2)
-    assert needs_compaction([("a", "d"), ("c", "f")], planned=2)
-    assert needs_compaction([("a", "b"), ("c", "d"), ("e", "f")], planned=2)
-    assert needs_compaction([(None, None), (None, None)], planned=2)
+    def files(*bounds):
+        return [FileRids(str(i), lo, hi, nulls, True) for i, (lo, hi, nulls) in enumerate(bounds)]
+    assert not needs_compaction(files(("a", "c", False), ("d", "f", True)), planned=2)
+    assert needs_compaction(files(("a", "d", False), ("c", "f", False)), planned=2)
+    assert needs_compaction(files(("a", "b", False), ("c", "d", False), ("e", "f", False)), planned=2)
+    assert needs_compaction(files((None, None, True), ("a", "b", True)), planned=2)   # nulls in two files
+    assert needs_compaction(files(("", None, True), ("x", "y", False)), planned=2)    # no statistics
 
 
 def _ceiling(root) -> pa.Table:
