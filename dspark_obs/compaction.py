@@ -4,7 +4,7 @@ A collector commits one file per table every few seconds (:mod:`collectors.sglan
 every file holds the requests in flight then, so every file spans most of the run's rids (SGLang's
 rids are random hex).  The estimators read a run in chunks of rids, and DuckDB opens every file that
 a chunk's rid range touches: about 1.5-2 ms of CPU per file per query, whatever the file holds (a
-3M-row run in 147 files: ``estimate --jobs 1`` 18.5 CPU s, 12.7 once compacted; ``bench/compact.py``).  Both grow with the run,
+3M-row run in 147 files: ``estimate --jobs 1`` 16.7 CPU s, 12.9 once compacted; ``bench/compact.py``).  Both grow with the run,
 so a day of collection (some 17k files per table) would cost its chunks more than its rows.
 :func:`compact_run` rewrites a run's request tables once, as files of about :data:`FILE_ROWS` rows
 whose rid ranges do not overlap, so each chunk reads the one or two files of its rids.

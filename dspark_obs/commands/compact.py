@@ -24,7 +24,7 @@ def compact(
 
     A collector commits a file per table every few seconds, each holding the requests in flight, so every
     file spans most of the run's rids; `estimate`, `calibrate` and `report` read a run in chunks of rids
-    and pay for every file a chunk's rids touch (a 3M-row run in 147 files: `estimate` 1.46x the CPU of
+    and pay for every file a chunk's rids touch (a 3M-row run in 147 files: `estimate` 1.30x the CPU of
     the same run compacted). Compaction rewrites the files once; tables already in disjoint ranges are
     left alone, so running it again is cheap. Rows keep their order within a request.
 
