@@ -37,7 +37,7 @@ from dspark_obs.schema import conform, schema_for
 from dspark_obs.store import Store, validate_run_id
 
 __all__ = ["TABLES", "FILE_ROWS", "Compaction", "rid_ranges", "needs_compaction", "compact_run",
-           "finish_interrupted", "fragmented_tables", "interrupted_tables"]
+           "finish_interrupted", "fragmented_tables", "fragmented_text", "interrupted_tables"]
 
 TABLES = ("step_reqs", "tokens", "requests")
 """The request tables a run's chunks read by rid (results are written per chunk, already in rid ranges)."""
@@ -137,8 +137,9 @@ def finish_interrupted(store: Store, table: str, run_id: str) -> int:
 
 
 def fragmented_tables(store: Store, run_id: str, *, file_rows: int = FILE_ROWS) -> dict[str, tuple[int, int]]:
-    """``{table: (files, files once compacted)}`` for each of :data:`TABLES` of ``run_id`` that
-    :func:`compact_run` would rewrite (read from the files' footers only)."""
+    """``{table: (files, files once compacted)}`` for each of :data:`TABLES` of ``run_id`` whose files'
+    rid ranges overlap (read from their footers only): what makes every chunk open them all.  Files of
+    disjoint ranges are left out however small, as a chunk opens only its own."""
     out = {}
     for table in TABLES:
         files = store.part_files(table, run_id, fleet_layout=False)
@@ -146,9 +147,15 @@ def fragmented_tables(store: Store, run_id: str, *, file_rows: int = FILE_ROWS) 
             continue
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
         planned = max(1, -(-rows // file_rows))
-        if needs_compaction([rid_stats(p, table) for p in files], planned=planned):
+        if needs_compaction([rid_stats(p, table) for p in files], planned=len(files)):
             out[table] = (len(files), planned)
     return out
+
+
+def fragmented_text(spread: dict[str, tuple[int, int]]) -> str:
+    """:func:`fragmented_tables` in words, as ``doctor`` and ``estimate`` say it."""
+    files = ", ".join(f"{t} {n} files ({k} once compacted)" for t, (n, k) in spread.items())
+    return f"{files}, their rid ranges overlapping: each estimator chunk opens them all"
 
 
 def interrupted_tables(store: Store, run_id: str) -> list[str]:

@@ -165,6 +165,7 @@ def test_estimate_of_a_compacted_run_equals_the_fragmented_run(tmp_path):
     args = ["estimate", "--data", str(root), "--run", "bench", "--bootstrap", "0", "--jobs", "1"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
+    assert f"dspark-obs compact --data {root} --run bench" in " ".join(first.output.split())   # the hint
     fragmented = _ceiling(root)
     result = runner.invoke(app, ["compact", "--data", str(root), "--run", "bench", "--file-rows", "65536",
                                  "--format", "json"])
@@ -174,6 +175,7 @@ def test_estimate_of_a_compacted_run_equals_the_fragmented_run(tmp_path):
     assert rows["step_reqs"]["rows"] == fragmented.num_rows
     second = runner.invoke(app, args)
     assert second.exit_code == 0, second.output
+    assert "dspark-obs compact" not in second.output
     compacted = _ceiling(root)
     for column in ("rid", "forward_ct", "lo", "mid", "hi", "category"):
         assert compacted.column(column).equals(fragmented.column(column)), column

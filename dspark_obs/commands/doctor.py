@@ -155,10 +155,8 @@ def _layout_findings(store, closed_runs: list[dict]) -> list:
                                fix=f"{fix} finishes it"))
         spread = compaction.fragmented_tables(store, run_id)
         if spread:
-            files = ", ".join(f"{t} {n} files ({k} once compacted)" for t, (n, k) in spread.items())
-            out.append(Finding("info", "fragmented_run", f"run {run_id}: {files}, their rid ranges overlapping: "
-                               "each estimator chunk opens them all", fix=f"{fix} (once; reads then open a "
-                               "file or two per chunk)"))
+            out.append(Finding("info", "fragmented_run", f"run {run_id}: {compaction.fragmented_text(spread)}",
+                               fix=f"{fix} (once; reads then open a file or two per chunk)"))
     return out
 
 

@@ -115,6 +115,7 @@ def estimate(
         fail(f"--run {run!r} has no request-steps in {data}; runs with steps: {', '.join(sorted(known)) or 'none'}")
     if companion is not None and companion not in known:
         fail(f"--companion {companion!r} has no request-steps in {data}; runs with steps: {', '.join(sorted(known))}")
+    _layout_note(data, run)
     logprobs = None
     if sglang_jsonl is not None:
         logprobs = logprobs_from_sglang_jsonl(_read_jsonl(sglang_jsonl), gamma=_gamma(con, run))
@@ -142,6 +143,20 @@ def estimate(
             fail(f"--fit-out {fit_out}: {exc}")
         err.print(f"wrote the ceiling fit to {fit_out} (for `collect --ceiling-fit {fit_out}`)")
     _print_result(result, format, data=data, run=run, method=method)
+
+
+def _layout_note(data, run: str) -> None:
+    """A note when the run's request files overlap (a collector's): ``compact`` rewrites them once."""
+    # at call time: the CLI imports every command module to declare its options
+    from dspark_obs import compaction
+    from dspark_obs.store import Store, is_url
+
+    if is_url(data):
+        return
+    spread = compaction.fragmented_tables(Store(data), run)
+    if spread:
+        err.print(f"note: run {run}: {compaction.fragmented_text(spread)}; `dspark-obs compact --data {data} "
+                  f"--run {run}` rewrites them once")
 
 
 @contextmanager
