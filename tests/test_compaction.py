@@ -59,7 +59,9 @@ def _disjoint(files: list[str], table: str) -> bool:
     return all(b[0] > a[1] for a, b in zip(named, named[1:])) and sum(f.nulls for f in stats) <= 1
 
 
-def test_compaction_keeps_every_row_in_request_order_in_disjoint_files(tmp_path):
+@pytest.mark.parametrize("read_rows", [7, 1 << 20])   # input files split a few rows at a time, or whole
+def test_compaction_keeps_every_row_in_request_order_in_disjoint_files(tmp_path, monkeypatch, read_rows):
+    monkeypatch.setattr(compaction, "_READ_ROWS", read_rows)
     store = Store(tmp_path)
     _write_batches(store)
     before = {t: store.read(t, RUN) for t in ("tokens", "step_reqs")}
