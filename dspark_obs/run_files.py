@@ -9,9 +9,9 @@ table, :mod:`dspark_obs.compaction`) would pay a third of a second on every chun
 
 :func:`source` names a table's files whose rid statistics (each file's footer, read once per process)
 overlap the chunk's ranges, and reads only those, without ``union_by_name`` (which alone took 11 of
-those 22 ms).  It falls back to the view
-where that could read differently: an object store, a file of another schema version (the view's union
-fills the columns it lacks), or no file at all in the ranges.
+those 22 ms).  It falls back to the view where that could read differently: an object store, a file
+whose columns are not the table's names and types (the view's union fills the columns it lacks), a file
+that cannot be read, or no file at all in the ranges.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ __all__ = ["FileRids", "rid_stats", "file_rids", "overlapping", "source"]
 @dataclass(frozen=True)
 class FileRids:
     """A part file's rid statistics: its smallest and largest rid, whether it holds rows without one, and
-    whether its columns are exactly the table's (so it reads the same without the view's union)."""
+    whether its columns are the table's, in names, order and types (so it reads the same without the
+    view's union; the columns' docs may differ)."""
 
     path: str
     lo: str | None
@@ -49,7 +50,7 @@ def _footer(path: str, mtime_ns: int, size: int, table: str) -> FileRids:
     pf = pq.ParquetFile(path)
     meta, names = pf.metadata, pf.schema_arrow.names
     target = schema.schema_for(table)
-    plain = pf.schema_arrow.remove_metadata().equals(target.remove_metadata()) if names == target.names else False
+    plain = names == target.names and [f.type for f in pf.schema_arrow] == [f.type for f in target]
     if "rid" not in names:
         return FileRids(path, None, None, True, plain)
     col = names.index("rid")

@@ -87,3 +87,13 @@ def test_a_damaged_file_sends_the_chunk_through_the_view(store):
     damaged.write_bytes(b"PAR1 not a parquet file")
     chunk = Chunk("{rid} BETWEEN $chunk_lo AND $chunk_hi", {"chunk_lo": "req-000", "chunk_hi": "req-010"})
     assert chunk.sources(con, RUN, "tokens") == ({"tokens": "tokens"}, {})
+
+
+def test_a_file_whose_column_docs_differ_reads_directly(store):
+    path = store.part_files("tokens", RUN)[0]
+    data = pq.read_table(path)
+    # written by a version with other column docs (here none), every column nullable
+    bare = pa.schema([pa.field(f.name, f.type, True) for f in data.schema])
+    pq.write_table(pa.Table.from_arrays(data.columns, schema=bare), path)
+    stats = run_files.rid_stats(path, "tokens")
+    assert stats.plain and stats.lo is not None
