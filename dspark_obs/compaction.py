@@ -4,8 +4,9 @@ A collector commits one file per table every few seconds (:mod:`collectors.sglan
 every file holds the requests in flight then, so every file spans most of the run's rids (SGLang's
 rids are random hex).  The estimators read a run in chunks of rids, and DuckDB opens every file that
 a chunk's rid range touches: about 1.5-2 ms of CPU per file per query, whatever the file holds (a
-3M-row run in 147 files: ``estimate --jobs 1`` 16.7 CPU s, 12.9 once compacted; ``bench/compact.py``).  Both grow with the run,
-so a day of collection (some 17k files per table) would cost its chunks more than its rows.
+3M-row run in 147 files: ``estimate --jobs 1`` 16.7 CPU s, 12.9 once compacted; ``bench/compact.py``).
+Both grow with the run, so a day of collection (some 17k files per table) would cost its chunks more
+than its rows.
 :func:`compact_run` rewrites a run's request tables once, as files of about :data:`FILE_ROWS` rows
 whose rid ranges do not overlap, so each chunk reads the one or two files of its rids.
 
@@ -36,7 +37,7 @@ from dspark_obs.run_files import FileRids, rid_stats
 from dspark_obs.schema import conform, schema_for
 from dspark_obs.store import Store, validate_run_id
 
-__all__ = ["TABLES", "FILE_ROWS", "Compaction", "rid_ranges", "needs_compaction", "compact_run",
+__all__ = ["TABLES", "FILE_ROWS", "Compaction", "rid_ranges", "needs_compaction", "ranges_overlap", "compact_run",
            "finish_interrupted", "fragmented_tables", "fragmented_text", "interrupted_tables"]
 
 TABLES = ("step_reqs", "tokens", "requests")
@@ -77,17 +78,20 @@ def rid_ranges(counts: np.ndarray, *, file_rows: int = FILE_ROWS) -> list[tuple[
             ranges.append((start, i))
             start, size = i, 0
         size += n
-    if size or start < len(counts):
+    if start < len(counts):
         ranges.append((start, len(counts)))
-    return [r for r in ranges if r[1] > r[0]]
+    return ranges
 
 
 def needs_compaction(files: list[FileRids], *, planned: int) -> bool:
     """Whether these files should be rewritten as ``planned`` files: when there are more of them than that,
-    or when their rid ranges overlap (a chunk would open several); a file without statistics may hold any
-    rid, and rows without a rid sort last, so two files holding them overlap too."""
-    if len(files) > planned:
-        return True
+    or when their rid ranges overlap (:func:`ranges_overlap`)."""
+    return len(files) > planned or ranges_overlap(files)
+
+
+def ranges_overlap(files: list[FileRids]) -> bool:
+    """Whether some of these files' rid ranges overlap (a chunk would open several of them): a file without
+    statistics may hold any rid, and rows without a rid sort last, so two files holding them overlap too."""
     if any(f.lo == "" and f.hi is None for f in files) or sum(f.nulls for f in files) > 1:
         return True
     bounds = sorted((f.lo, f.hi) for f in files if f.lo is not None)
@@ -113,6 +117,11 @@ def _write_journal(partition: Path, batch: str, replaced: list[str]) -> Path:
     return path
 
 
+def _partition(store: Store, table: str, run_id: str) -> Path:
+    """The folder of a run's part files of ``table`` (a local store's)."""
+    return Path(store.root) / table / f"run_id={validate_run_id(run_id)}"
+
+
 def _finish(store: Store, table: str, run_id: str, journal: Path) -> None:
     """Complete a journalled replacement: the staged files in (the rest of them), the replaced files out."""
     entry = json.loads(journal.read_text())
@@ -125,7 +134,7 @@ def _finish(store: Store, table: str, run_id: str, journal: Path) -> None:
 def finish_interrupted(store: Store, table: str, run_id: str) -> int:
     """Finish the compactions of ``table`` that died after their journal, discard the ones that died before
     it (their staged files only); returns how many were finished."""
-    partition = Path(store.root) / table / f"run_id={validate_run_id(run_id)}"
+    partition = _partition(store, table, run_id)
     if not partition.is_dir():
         return 0
     journals = sorted(partition.glob(f"{_JOURNAL_PREFIX}*.json"))
@@ -142,13 +151,9 @@ def fragmented_tables(store: Store, run_id: str, *, file_rows: int = FILE_ROWS) 
     disjoint ranges are left out however small, as a chunk opens only its own."""
     out = {}
     for table in TABLES:
-        files = store.part_files(table, run_id, fleet_layout=False)
-        if len(files) < 2:
-            continue
-        rows = sum(pq.ParquetFile(p).metadata.num_rows for p in files)
-        planned = max(1, -(-rows // file_rows))
-        if needs_compaction([rid_stats(p, table) for p in files], planned=len(files)):
-            out[table] = (len(files), planned)
+        stats = [rid_stats(p, table) for p in store.part_files(table, run_id, fleet_layout=False)]
+        if ranges_overlap(stats):
+            out[table] = (len(stats), max(1, -(-sum(f.rows for f in stats) // file_rows)))
     return out
 
 
@@ -162,7 +167,7 @@ def interrupted_tables(store: Store, run_id: str) -> list[str]:
     """The tables of ``run_id`` where a compaction was interrupted (the next :func:`compact_run` finishes it)."""
     out = []
     for table in TABLES:
-        partition = Path(store.root) / table / f"run_id={validate_run_id(run_id)}"
+        partition = _partition(store, table, run_id)
         if any(partition.glob(f"{_JOURNAL_PREFIX}*.json")) or any(partition.glob(f"_staged-{_BATCH_PREFIX}*")):
             out.append(table)
     return out
@@ -191,15 +196,19 @@ def compact_run(store: Store, run_id: str, tables=TABLES, *, file_rows: int = FI
         if not files:
             continue
         sizes = sum(os.path.getsize(p) for p in files)
+        stats = [rid_stats(p, table) for p in files]
+        rows = sum(f.rows for f in stats)
+        if not needs_compaction(stats, planned=-(-rows // file_rows)):   # no plan gives fewer: skip the counts
+            done.append(Compaction(table, len(files), len(files), rows, sizes, sizes))
+            continue
         con = sql.open_database()
         try:
             listed = "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in files) + "]"
             counts = con.sql(_COUNTS_SQL.format(files=listed)).to_arrow_table()
         finally:
             con.close()
-        rows = int(pc.sum(counts.column("n")).as_py() or 0)
         ranges = rid_ranges(counts.column("n").to_numpy(), file_rows=file_rows)
-        if not needs_compaction([rid_stats(p, table) for p in files], planned=len(ranges)):
+        if not needs_compaction(stats, planned=len(ranges)):   # a plan keeps whole requests: more files
             done.append(Compaction(table, len(files), len(files), rows, sizes, sizes))
             continue
         batch = f"{_BATCH_PREFIX}{secrets.token_hex(4)}"

@@ -4,8 +4,8 @@ To plan a query over a view, DuckDB opens every file the view's glob lists, what
 about 0.16 ms a file, and twice that with the views' ``union_by_name`` (which reads every file's schema
 to unify them).  The estimators query each chunk of a run (about 150k request-steps), so this cost grows
 with the run twice over: at 10M request-steps, a 1-rid query over the ``ceiling``'s 67 files took 22 ms of
-CPU (1.3 ms over the one file holding the rid), and a compacted day of a server (about 1,000 files a
-table, :mod:`dspark_obs.compaction`) would pay a third of a second on every chunk query.
+CPU (1.3 ms over the one file holding the rid); at that rate a compacted day of a server (about 1,000
+files a table, :mod:`dspark_obs.compaction`) would pay a third of a second on every chunk query.
 
 :func:`source` names a table's files whose rid statistics (each file's footer, read once per process)
 overlap the chunk's ranges, and reads only those, without ``union_by_name`` (which alone took 11 of
@@ -33,15 +33,16 @@ __all__ = ["FileRids", "rid_stats", "file_rids", "overlapping", "source"]
 
 @dataclass(frozen=True)
 class FileRids:
-    """A part file's rid statistics: its smallest and largest rid, whether it holds rows without one, and
+    """A part file's rid statistics: its smallest and largest rid, whether it holds rows without one,
     whether its columns are the table's, in names, order and types (so it reads the same without the
-    view's union; the columns' docs may differ)."""
+    view's union; the columns' docs may differ), and its rows."""
 
     path: str
     lo: str | None
     hi: str | None
     nulls: bool
     plain: bool
+    rows: int = 0
 
 
 @functools.lru_cache(maxsize=65_536)
@@ -52,7 +53,7 @@ def _footer(path: str, mtime_ns: int, size: int, table: str) -> FileRids:
     target = schema.schema_for(table)
     plain = names == target.names and [f.type for f in pf.schema_arrow] == [f.type for f in target]
     if "rid" not in names:
-        return FileRids(path, None, None, True, plain)
+        return FileRids(path, None, None, True, plain, meta.num_rows)
     col = names.index("rid")
     lo = hi = None
     nulls = False
@@ -60,14 +61,14 @@ def _footer(path: str, mtime_ns: int, size: int, table: str) -> FileRids:
         rows = meta.row_group(g).num_rows
         stats = meta.row_group(g).column(col).statistics
         if rows and (stats is None or not stats.has_null_count or (stats.null_count < rows and not stats.has_min_max)):
-            return FileRids(path, "", None, True, plain)   # no statistics: any rid, and nulls
+            return FileRids(path, "", None, True, plain, meta.num_rows)   # no statistics: any rid, and nulls
         if not rows:
             continue
         nulls = nulls or stats.null_count > 0
         if stats.has_min_max:
             lo = stats.min if lo is None else min(lo, stats.min)
             hi = stats.max if hi is None else max(hi, stats.max)
-    return FileRids(path, lo, hi, nulls, plain)
+    return FileRids(path, lo, hi, nulls, plain, meta.num_rows)
 
 
 def rid_stats(path: str, table: str) -> FileRids:
