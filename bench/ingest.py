@@ -140,9 +140,9 @@ def run(*, quick: bool, workdir: str, tiny: bool = False, compare: dict[str, str
     Peak memory above idle is given twice: above ``dspark-obs --version`` (the CLI alone) and above the
     same command on a one-record file (the CLI with pyarrow, numpy and msgspec loaded: what the data costs).
     """
-    bodies, records = (2, 4) if tiny else (3, 60) if quick else (10, 200)
+    bodies, records = _sizes(quick=quick, tiny=tiny)
     repeat = 1 if tiny else 3 if quick else 5
-    body = os.path.join(workdir, f"server_info-{bodies}x{records}.jsonl")
+    body = body_file(workdir, quick=quick, tiny=tiny)
     info = make_bodies(body, bodies=bodies, records=records, batch=32 if tiny else BATCH)
     rows = info["rows"]
     body_mib = info["largest_body_bytes"] / 2**20
@@ -191,6 +191,17 @@ def run(*, quick: bool, workdir: str, tiny: bool = False, compare: dict[str, str
     if "error" not in inproc:
         res["ingest.inprocess_rows_per_s"] = round(stats([inproc["rows"] / c for c in inproc["cpu"]])["median"])
     return res
+
+
+def _sizes(*, quick: bool, tiny: bool) -> tuple[int, int]:
+    """``(bodies, records per body)`` of the file :func:`run` times."""
+    return (2, 4) if tiny else (3, 60) if quick else (10, 200)
+
+
+def body_file(workdir: str, *, quick: bool, tiny: bool = False) -> str:
+    """The file of bodies :func:`run` writes in ``workdir`` (``bench/floors.py`` reads it too)."""
+    bodies, records = _sizes(quick=quick, tiny=tiny)
+    return os.path.join(workdir, f"server_info-{bodies}x{records}.jsonl")
 
 
 def report(res: dict) -> str:

@@ -174,13 +174,14 @@ def test_the_loop_baseline_is_sglangs_rule_on_a_hand_case():
 def test_run_all_writes_its_figures(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run_all"), "--tiny", "--only",
-                           "ingest,collect,estimate,compact", "--json", str(out)], cwd=ROOT, capture_output=True,
+                           "ingest,collect,estimate,compact,floors", "--json", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=1800)  # a hang guard, not a speed check
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(out.read_text())
     for key in ("ingest.rows_per_s", "ingest.baseline_rows_per_s", "ingest.ratio", "ingest.peak_mb",
                 "collect.gaps", "collect.step_loop_slowdown", "estimate.rows_per_s", "estimate.ratio",
-                "estimate.peak_mb", "estimate.scaling_exponent", "compact.estimate_speedup"):
+                "estimate.peak_mb", "estimate.scaling_exponent", "compact.estimate_speedup", "floors.estimate.floor_cpu_s",
+                "floors.calibrate.floor_cpu_s", "floors.ingest.floor_cpu_s"):
         assert key in res, (key, {k: v for k, v in res.items() if "error" in k})
     assert res["collect.dead_letters"] == 0
     # the firehose: the collector stored every forward_ct it covered, each a full batch
@@ -222,3 +223,38 @@ def test_the_compaction_benchmark_times_both_layouts_and_compares_their_estimate
         assert out[f"compact.{command}_fragmented_cpu_s"] > 0 and out[f"compact.{command}_compacted_cpu_s"] > 0
         assert out[f"compact.{command}_speedup"] == round(out[f"compact.{command}_fragmented_cpu_s"]
                                                           / out[f"compact.{command}_compacted_cpu_s"], 3)
+
+
+def test_the_floors_count_the_library_work_the_targets_need(tmp_path):
+    from bench import floors
+    from bench.gen_store import generate
+    from bench.ingest import make_bodies
+
+    store, body = tmp_path / "store", tmp_path / "bodies.jsonl"
+    generate(store, rows=6_000, block_requests=64)
+    proc = subprocess.run([sys.executable, "-m", "dspark_obs.cli", "estimate", "--data", str(store), "--run", "bench",
+                           "--bootstrap", "0"], cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    info = make_bodies(str(body), bodies=2, records=3, batch=8)
+    res = floors.run(store=str(store), body=str(body), baseline_cpu_s=2.0, chunk_rows=2_000)
+    assert not {k: v for k, v in res.items() if "error" in k}, res
+    assert res["floors.estimate.step_reqs_rows"] == res["floors.estimate.ceiling_rows"] > 0
+    assert res["floors.estimate.floor_cpu_s"] == round(res["floors.estimate.read_step_reqs_cpu_s"]
+                                                       + res["floors.estimate.read_tokens_cpu_s"]
+                                                       + res["floors.estimate.write_ceiling_uncompressed_cpu_s"], 2)
+    # the bootstrap's products were counted while calibrate ran: 1000 resamples, both precisions' work
+    assert res["floors.calibrate.gflop_float64"] > 0 and res["floors.calibrate.product_shape"][0] == 1000
+    assert res["floors.calibrate.floor_cpu_s"] > res["floors.calibrate.products_cpu_s"] > 0
+    assert res["floors.ingest.rows"] == info["rows"] and res["floors.ingest.bodies"] == 2
+    assert res["floors.ingest.tenth_of_baseline_cpu_s"] == 0.2
+    assert res["floors.ingest_memory.body_mb"] == round(info["largest_body_bytes"] / 2**20, 1)
+
+
+def test_the_largest_line_is_found_across_read_blocks(tmp_path):
+    from bench.floors import _largest_line
+
+    path = tmp_path / "lines"
+    path.write_bytes(b"ab\n" + b"x" * 10 + b"\nabc")
+    assert _largest_line(str(path), block=3) == (10, 3)
+    path.write_bytes(b"ab\nabcd")
+    assert _largest_line(str(path), block=2) == (4, 3)

@@ -26,7 +26,7 @@ from dspark_obs.estimators import stats as bootstrap
 from dspark_obs.estimators.calibration import events, metrics
 from dspark_obs.estimators.compiled import jit
 
-__all__ = ["Cell", "CellBins", "add_events"]
+__all__ = ["Cell", "CellBins", "add_events", "bootstrap_products", "exact_in_float32", "EXACT_FLOAT32"]
 
 
 class CellBins:
@@ -441,6 +441,23 @@ EXACT_FLOAT32 = 2 ** 24
 """Whole numbers below this, and sums of them, are exact in float32."""
 
 
+def bootstrap_products(weights: np.ndarray, whole: np.ndarray, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(weights @ whole, weights @ rest)`` in float64: the bootstrap's two matrix products, the first taken
+    in float32 when that is exact (:func:`exact_in_float32`).  Most of ``calibrate``'s time at its default
+    1000 resamples (``bench/floors.py`` counts their operations)."""
+    if exact_in_float32(weights, whole):
+        counted = (weights.astype(np.float32) @ whole.astype(np.float32)).astype(np.float64)
+    else:
+        counted = weights @ whole
+    return counted, weights @ rest
+
+
+def exact_in_float32(weights: np.ndarray, whole: np.ndarray) -> bool:
+    """Whether ``weights @ whole`` (whole numbers both) is exact in float32: every resampled sum stays below
+    :data:`EXACT_FLOAT32` (the largest weight times the largest column sum bounds them)."""
+    return weights.max(initial=0.0) * whole.sum(axis=0).max(initial=0.0) < EXACT_FLOAT32
+
+
 def _add_bootstrap(weights: np.ndarray, pending: list) -> None:
     """``acc[key] += weights @ columns`` for each ``acc`` of ``accs`` of each ``(accs, key, whole, rest,
     whole_spans, rest_spans)`` of ``pending`` (:meth:`_KindSums.unit_columns`), as two matrix products.
@@ -452,13 +469,8 @@ def _add_bootstrap(weights: np.ndarray, pending: list) -> None:
     """
     if not pending:
         return
-    whole = np.concatenate([piece for p in pending for piece in p[2]], axis=1)
-    bound = weights.max(initial=0.0) * whole.sum(axis=0).max(initial=0.0)
-    if bound < EXACT_FLOAT32:
-        counted = (weights.astype(np.float32) @ whole.astype(np.float32)).astype(np.float64)
-    else:
-        counted = weights @ whole
-    summed = weights @ np.concatenate([piece for p in pending for piece in p[3]], axis=1)
+    counted, summed = bootstrap_products(weights, np.concatenate([piece for p in pending for piece in p[2]], axis=1),
+                                         np.concatenate([piece for p in pending for piece in p[3]], axis=1))
     at_c = at_r = 0
     for accs, key, c, r, c_spans, r_spans in pending:
         width = sum(s.stop - s.start for s in (*c_spans, *r_spans))
