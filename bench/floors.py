@@ -240,17 +240,12 @@ def _largest_line(path: str, block: int = 1 << 20) -> tuple[int, int]:
     return max(best, (at - start, start))
 
 
-def _cli() -> list[str]:
-    exe = Path(sys.executable).with_name("dspark-obs")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "dspark_obs.cli"]
-
-
 def run(*, store: str, body: str, rows: int | None = None, baseline_cpu_s: float | None = None,
         chunk_rows: int | None = None) -> dict:
     """Every floor, each beside its target (``baseline_cpu_s``: the json+pandas ingest of ``body``, same run;
     ``chunk_rows``: calibrate's chunks, for a store too small to have more than one)."""
     res: dict = {f"floors.machine.{k}": v for k, v in machine().items()}
-    est = run_child("bench.floors:estimate_io", timeout=3600, store=store)
+    est = _without_peak(run_child("bench.floors:estimate_io", timeout=3600, store=store))
     res.update({f"floors.estimate.{k}": v for k, v in est.items()})
     if "error" not in est:
         rows = rows or est["step_reqs_rows"]
@@ -258,33 +253,43 @@ def run(*, store: str, body: str, rows: int | None = None, baseline_cpu_s: float
         res["floors.estimate.floor_cpu_s"] = round(floor, 2)
         res["floors.estimate.target_cpu_s"] = round(rows / 1e6, 2)
         res["floors.estimate.floor_rows_per_s"] = round(rows / floor)
-    topk = run_child("bench.floors:topk_layouts", timeout=1800, store=store)
+    topk = _without_peak(run_child("bench.floors:topk_layouts", timeout=1800, store=store))
     res.update({f"floors.topk.{k}": v for k, v in topk.items()})
     # one BLAS thread: the products' best rate per CPU second (two threads spend 6-10% more CPU on each)
-    cal = run_child("bench.floors:bootstrap_operations", timeout=3600, store=store, chunk_rows=chunk_rows,
-                    env={"OPENBLAS_NUM_THREADS": "1"})
+    cal = _without_peak(run_child("bench.floors:bootstrap_operations", timeout=3600, store=store,
+                                  chunk_rows=chunk_rows, env={"OPENBLAS_NUM_THREADS": "1"}))
     res.update({f"floors.calibrate.{k}": v for k, v in cal.items()})
     if "error" not in cal and rows:
         reads = sum(v for k, v in cal.items() if k.startswith("read_"))
         res["floors.calibrate.floor_cpu_s"] = round(reads + cal["products_cpu_s"], 2)
         res["floors.calibrate.target_cpu_s"] = round(rows / 1e6, 2)
+    res.update(_ingest_floors(body, baseline_cpu_s))
+    return res
+
+
+def _ingest_floors(body: str, baseline_cpu_s: float | None) -> dict:
+    """The ingest command's start-up, its scan and writes, and its memory floor (see the module docstring)."""
+    from bench.ingest import cli_command
+
+    res: dict = {}
     tmp = tempfile.mkdtemp(prefix="bench-floors-ingest-")
     try:
         one = f"{tmp}/one.jsonl"
         Path(one).write_bytes(_one_record(body))
-        starts = [run_process(_cli() + ["ingest", "--out", f"{tmp}/one-{i}", "--run-id", RUN, "--server-info", one],
-                              repeat=1) for i in range(3)]
+        starts = [run_process(cli_command() + ["ingest", "--out", f"{tmp}/one-{i}", "--run-id", RUN, "--server-info",
+                                               one], repeat=1) for i in range(3)]
         start = next((r for r in starts if "error" in r), {"cpu": [r["cpu"][0] for r in starts]})
-        version = run_process(_cli() + ["--version"], repeat=3)
-        full = run_process(_cli() + ["ingest", "--out", f"{tmp}/all", "--run-id", RUN, "--server-info", body], repeat=1)
-        parts = run_child("bench.floors:ingest_parts", timeout=1800, body=body, store=f"{tmp}/all")
+        version = run_process(cli_command() + ["--version"], repeat=3)
+        full = run_process(cli_command() + ["ingest", "--out", f"{tmp}/all", "--run-id", RUN, "--server-info", body],
+                           repeat=1)
+        parts = _without_peak(run_child("bench.floors:ingest_parts", timeout=1800, body=body, store=f"{tmp}/all"))
         memory = run_child("bench.floors:ingest_memory", timeout=600, body=body)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for name, r in (("startup", start), ("version", version), ("command", full)):
+    for name, r in (("startup", start), ("version", version), ("command", full), ("parts", parts)):
         if "error" in r:
             res[f"floors.ingest.{name}.error"] = r["error"]
-    res.update({f"floors.ingest.{k}": v for k, v in parts.items()})
+    res.update({f"floors.ingest.{k}": v for k, v in parts.items() if k != "error"})
     if not any("error" in r for r in (start, version, full, parts)):
         startup = statistics.median(start["cpu"])
         floor = startup + parts["scan_cpu_s"] + parts["write_cpu_s"]
@@ -294,16 +299,20 @@ def run(*, store: str, body: str, rows: int | None = None, baseline_cpu_s: float
                     "floors.ingest.floor_rows_per_s": round(parts["rows"] / floor)})
         if baseline_cpu_s:
             res["floors.ingest.tenth_of_baseline_cpu_s"] = round(baseline_cpu_s / 10, 3)
-    if "error" not in memory and "error" not in version:
-        idle = max(version["peak_rss_mb"], 0.0)
-        body_mb = memory["largest_body_bytes"] / 2**20
-        res.update({"floors.ingest_memory.peak_mb": memory["peak_rss_mb"], "floors.ingest_memory.version_peak_mb":
-                    round(idle, 1), "floors.ingest_memory.body_mb": round(body_mb, 1),
-                    "floors.ingest_memory.allowed_peak_mb": round(idle + 3 * body_mb, 1),
-                    "floors.ingest_memory.above_version_per_body": round((memory["peak_rss_mb"] - idle) / body_mb, 2)})
-    else:
+    if "error" in memory or "error" in version:
         res["floors.ingest_memory.error"] = memory.get("error") or version.get("error")
+        return res
+    idle, body_mb = version["peak_rss_mb"], memory["largest_body_bytes"] / 2**20
+    res.update({"floors.ingest_memory.peak_mb": memory["peak_rss_mb"], "floors.ingest_memory.version_peak_mb":
+                round(idle, 1), "floors.ingest_memory.body_mb": round(body_mb, 1),
+                "floors.ingest_memory.allowed_peak_mb": round(idle + 3 * body_mb, 1),
+                "floors.ingest_memory.above_version_per_body": round((memory["peak_rss_mb"] - idle) / body_mb, 2)})
     return res
+
+
+def _without_peak(result: dict) -> dict:
+    """A child's figures without its peak RSS (a floor's child holds what it times: its peak is no figure)."""
+    return {k: v for k, v in result.items() if k != "peak_rss_mb"}
 
 
 def _one_record(body: str) -> bytes:

@@ -103,14 +103,14 @@ def baseline(body: str, out: str) -> int:
     return len(table)
 
 
-def _cli() -> list[str]:
+def cli_command() -> list[str]:
     """The installed ``dspark-obs`` beside this interpreter (what users run), else ``python -m dspark_obs.cli``."""
     exe = Path(sys.executable).with_name("dspark-obs")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "dspark_obs.cli"]
 
 
 def _command(body: str, out: str) -> list[str]:
-    return _cli() + ["ingest", "--out", out, "--run-id", "bench", "--server-info", body]
+    return cli_command() + ["ingest", "--out", out, "--run-id", "bench", "--server-info", body]
 
 
 def _baseline_command(body: str, out: str) -> list[str]:
@@ -169,7 +169,7 @@ def run(*, quick: bool, workdir: str, tiny: bool = False, compare: dict[str, str
     res["ingest.load_1m_end"] = round(os.getloadavg()[0], 2)
     for side in sides:
         _figures(runs[side], rows, side, res)
-    version = run_process(_cli() + ["--version"], repeat=1)
+    version = run_process(cli_command() + ["--version"], repeat=1)
     if "error" not in version:
         res["ingest.idle_peak_mb"] = round(version["peak_rss_mb"], 1)
     for side, idle_runs in idle.items():
