@@ -6,7 +6,7 @@ process (CPU seconds of that process: user + system, all threads; imports not co
 
 * **estimate** at N request-steps: reading its inputs once (the columns of ``step_reqs`` and ``tokens``
   it reads, every row group once, with pyarrow, the cheaper of the two readers: DuckDB's per-chunk
-  queries took 10 s where this takes 8 at 10M), plus writing its ``ceiling`` once (the run's own rows,
+  queries took 10 s under cProfile where this takes 8 at 10M), plus writing its ``ceiling`` once (the run's own rows,
   as the store writes them, to memory; and uncompressed, the cheapest encoding). Their sum against the
   target's CPU seconds (N / 1M). Beside it, the top-k read again as fixed-width binary, the cheapest
   layout measured, on one file.
